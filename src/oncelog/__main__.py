@@ -1,0 +1,7 @@
+"""`python -m oncelog` is the `oncelog` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,227 @@
+"""One client connection: framing, ordered responses, backpressure.
+
+Frames are read with `BufferedProtocol`: small frames are sliced out of one reusable
+receive buffer; a frame larger than what is buffered gets its own bytearray and the
+socket reads straight into it, so a produce batch is never copied on the way in and
+can be patched in place by the log. Requests of a connection start in arrival order
+(each handler runs synchronously up to its first await, so appends keep the client's
+order), and responses leave in that same order, as Kafka clients require.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .server import Broker
+
+log = logging.getLogger("oncelog.connection")
+
+_SIZE = struct.Struct(">i")
+_RECV_BUFFER = 256 * 1024
+_SMALL_SEND = 64 * 1024
+
+
+class FileRegion:
+    """Part of a segment file to send with sendfile; owns its (dup'd) descriptor."""
+
+    __slots__ = ("fd", "position", "size")
+
+    def __init__(self, fd: int, position: int, size: int) -> None:
+        self.fd = fd
+        self.position = position
+        self.size = size
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def close_pieces(pieces: list[Any]) -> None:
+    for piece in pieces:
+        if isinstance(piece, FileRegion):
+            piece.close()
+
+
+class Connection(asyncio.BufferedProtocol):
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+        self._buf = bytearray(_RECV_BUFFER)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        self._frame: bytearray | None = None
+        self._frame_pos = 0
+        self._pending: deque[asyncio.Future] = deque()
+        self._writer: asyncio.Task | None = None
+        self._wakeup = asyncio.Event()
+        self._can_write = asyncio.Event()
+        self._can_write.set()
+        self._reading_paused = False
+        self.closed = False
+        self.last_active = time.monotonic()
+        self.max_frame = broker.config["socket.request.max.bytes"]
+        self.max_queued = broker.config["queued.max.requests"]
+
+    # -- asyncio protocol -------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        if not self.broker.register_connection(self):
+            log.warning("closing connection from %s: max.connections reached", self.peer)
+            self.closed = True
+            transport.close()
+            return
+        self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self.broker.unregister_connection(self)
+        self._wakeup.set()
+        self._can_write.set()
+        for fut in self._pending:
+            if not fut.done():
+                fut.cancel()
+
+    def pause_writing(self) -> None:
+        self._can_write.clear()
+
+    def resume_writing(self) -> None:
+        self._can_write.set()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        if self._frame is not None:
+            return memoryview(self._frame)[self._frame_pos :]
+        if self._end == len(self._buf):
+            # Move the partial frame to the front so the socket has room to write.
+            pending = self._end - self._start
+            self._buf[:pending] = self._view[self._start : self._end]
+            self._start, self._end = 0, pending
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.last_active = time.monotonic()
+        if self._frame is not None:
+            self._frame_pos += nbytes
+            if self._frame_pos == len(self._frame):
+                frame, self._frame = self._frame, None
+                self._deliver(frame)
+            return
+        self._end += nbytes
+        self._split_frames()
+
+    def eof_received(self) -> bool:
+        return False
+
+    # -- framing ----------------------------------------------------------------------------------
+    def _split_frames(self) -> None:
+        while not self.closed and self._end - self._start >= 4:
+            (size,) = _SIZE.unpack_from(self._buf, self._start)
+            if size <= 0 or size > self.max_frame:
+                log.warning(
+                    "closing connection from %s: request size %d outside 1..%d (socket.request.max.bytes)",
+                    self.peer, size, self.max_frame,
+                )
+                self.close()
+                return
+            available = self._end - self._start - 4
+            body_start = self._start + 4
+            if available >= size:
+                frame = bytearray(self._view[body_start : body_start + size])
+                self._start = body_start + size
+                self._deliver(frame)
+                continue
+            if size > len(self._buf) - self._start - 4 or size > _RECV_BUFFER // 2:
+                # Large frame: give it its own buffer and let the socket fill it directly.
+                frame = bytearray(size)
+                frame[:available] = self._view[body_start : self._end]
+                self._frame, self._frame_pos = frame, available
+                self._start = self._end = 0
+            break
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def _deliver(self, frame: bytearray) -> None:
+        if self.closed:
+            return
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.append(fut)
+        self._wakeup.set()
+        self.broker.dispatcher.dispatch(self, frame, fut)
+        if len(self._pending) >= self.max_queued and not self._reading_paused and self.transport:
+            self.transport.pause_reading()
+            self._reading_paused = True
+
+    # -- responses --------------------------------------------------------------------------------
+    async def _write_loop(self) -> None:
+        try:
+            while not self.closed:
+                if not self._pending:
+                    self._wakeup.clear()
+                    await self._wakeup.wait()
+                    continue
+                fut = self._pending[0]
+                try:
+                    pieces = await fut
+                except asyncio.CancelledError:
+                    return
+                self._pending.popleft()
+                if self._reading_paused and len(self._pending) < self.max_queued // 2 and self.transport:
+                    self._reading_paused = False
+                    self.transport.resume_reading()
+                if pieces is None:
+                    continue
+                if self.closed:
+                    close_pieces(pieces)
+                    return
+                await self._send(pieces)
+                self.last_active = time.monotonic()
+        except Exception:  # a writer failure must not leave the connection half alive
+            log.exception("response writer for %s failed", self.peer)
+            self.close()
+
+    async def _send(self, pieces: list[Any]) -> None:
+        transport = self.transport
+        assert transport is not None
+        try:
+            total_files = sum(p.size for p in pieces if isinstance(p, FileRegion))
+            if total_files <= _SMALL_SEND:
+                out = []
+                for piece in pieces:
+                    if isinstance(piece, FileRegion):
+                        out.append(os.pread(piece.fd, piece.size, piece.position) if piece.size else b"")
+                    else:
+                        out.append(piece)
+                transport.writelines(out)
+            else:
+                loop = asyncio.get_running_loop()
+                for piece in pieces:
+                    if self.closed:
+                        return
+                    if isinstance(piece, FileRegion):
+                        if piece.size:
+                            await self._can_write.wait()
+                            with os.fdopen(os.dup(piece.fd), "rb", buffering=0) as fileobj:
+                                await loop.sendfile(transport, fileobj, piece.position, piece.size)
+                    else:
+                        transport.write(piece)
+            if not self._can_write.is_set():
+                await self._can_write.wait()
+        finally:
+            close_pieces(pieces)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.transport is not None:
+                self.transport.close()

@@ -1,0 +1,135 @@
+"""Request dispatch: header parsing, version gating, handler call, response framing.
+
+What the protocol says about bad requests is applied here, once: an unknown API key
+or an unsupported version of anything but ApiVersions closes the connection (as a
+Kafka broker does); ApiVersions at an unknown version is answered in v0 with
+UNSUPPORTED_VERSION and the supported ranges, so the client can pick a version.
+A handler that raises never takes the broker down: the connection is closed and the
+error logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..protocol.apis import SPECS, ApiKey, request_header_flexible, response_header_flexible
+from ..protocol.fetch_codec import pieces_size
+from ..protocol.header import decode_request_header, encode_response_header, peek_api
+from ..protocol.primitives import ProtocolError
+from .connection import close_pieces
+
+if TYPE_CHECKING:
+    from .connection import Connection
+    from .server import Broker
+
+log = logging.getLogger("oncelog.dispatch")
+
+_SIZE = struct.Struct(">i")
+
+
+@dataclass
+class RequestContext:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    connection: Connection
+
+
+Handler = Callable[["Broker", RequestContext, memoryview], Awaitable[Any]]
+
+
+class Dispatcher:
+    def __init__(self, broker: Broker, handlers: dict[int, Handler]) -> None:
+        self.broker = broker
+        self.handlers = handlers
+
+    def supported_versions(self) -> list[tuple[int, int, int]]:
+        """(api key, min, max) for every API with a real handler: what ApiVersions advertises."""
+        return [(k, SPECS[k].min_version, SPECS[k].max_version) for k in sorted(self.handlers)]
+
+    def dispatch(self, conn: Connection, frame: bytearray, fut: asyncio.Future) -> None:
+        try:
+            api_key, api_version, correlation_id = peek_api(frame)
+        except ProtocolError:
+            log.warning("closing connection from %s: request shorter than its header", conn.peer)
+            fut.set_result(None)
+            conn.close()
+            return
+        spec = SPECS.get(api_key)
+        if api_key not in self.handlers or spec is None:
+            log.warning("closing connection from %s: unknown API key %d", conn.peer, api_key)
+            fut.set_result(None)
+            conn.close()
+            return
+        if not spec.min_version <= api_version <= spec.max_version:
+            if api_key == ApiKey.API_VERSIONS:
+                fut.set_result(self._frame(correlation_id, False, self._unsupported_api_versions()))
+                return
+            log.warning(
+                "closing connection from %s: %s v%d is not supported (%d-%d)",
+                conn.peer, ApiKey(api_key).name, api_version, spec.min_version, spec.max_version,
+            )
+            fut.set_result(None)
+            conn.close()
+            return
+        asyncio.get_running_loop().create_task(self._run(conn, frame, fut, api_key, api_version))
+
+    async def _run(
+        self, conn: Connection, frame: bytearray, fut: asyncio.Future, api_key: int, api_version: int
+    ) -> None:
+        started = time.perf_counter()
+        metrics = self.broker.metrics
+        name = ApiKey(api_key).name
+        try:
+            header, body_offset = decode_request_header(
+                memoryview(frame), request_header_flexible(api_key, api_version)
+            )
+            ctx = RequestContext(api_key, api_version, header.correlation_id, header.client_id, conn)
+            body = memoryview(frame)[body_offset:]
+            result = await self.handlers[api_key](self.broker, ctx, body)
+        except ProtocolError as exc:
+            log.warning("closing connection from %s: malformed %s v%d: %s", conn.peer, name, api_version, exc)
+            metrics.request_errors.labels(name).inc()
+            if not fut.done():
+                fut.set_result(None)
+            conn.close()
+            return
+        except Exception:
+            log.exception("handler for %s v%d failed; closing connection from %s", name, api_version, conn.peer)
+            metrics.request_errors.labels(name).inc()
+            if not fut.done():
+                fut.set_result(None)
+            conn.close()
+            return
+        metrics.requests.labels(name).inc()
+        metrics.request_latency.labels(name).observe(time.perf_counter() - started)
+        if fut.done():  # connection went away meanwhile
+            if isinstance(result, list):
+                close_pieces(result)
+            return
+        if result is None:
+            fut.set_result(None)
+            return
+        fut.set_result(self._frame(ctx.correlation_id, response_header_flexible(api_key, api_version), result))
+
+    @staticmethod
+    def _frame(correlation_id: int, flexible: bool, body: bytes | list[Any]) -> list[Any]:
+        header = encode_response_header(correlation_id, flexible)
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            return [_SIZE.pack(len(header) + len(body)) + header + bytes(body)]
+        size = len(header) + pieces_size(body)
+        return [_SIZE.pack(size) + header, *body]
+
+    def _unsupported_api_versions(self) -> bytes:
+        # v0 body: error code, then [api_key, min, max] as a plain int32-length array.
+        versions = self.supported_versions()
+        out = [struct.pack(">hi", 35, len(versions))]
+        out.extend(struct.pack(">hhh", k, lo, hi) for k, lo, hi in versions)
+        return b"".join(out)

@@ -1,0 +1,25 @@
+"""One module per API family; HANDLERS maps API keys to the coroutine that serves them.
+
+Only APIs listed here are advertised in ApiVersions.
+"""
+
+from __future__ import annotations
+
+from ...protocol.apis import ApiKey
+from . import api_versions, cluster, configs, fetch, list_offsets, metadata, produce, records, topics
+
+HANDLERS = {
+    ApiKey.API_VERSIONS: api_versions.handle,
+    ApiKey.METADATA: metadata.handle,
+    ApiKey.PRODUCE: produce.handle,
+    ApiKey.FETCH: fetch.handle,
+    ApiKey.LIST_OFFSETS: list_offsets.handle,
+    ApiKey.CREATE_TOPICS: topics.handle_create_topics,
+    ApiKey.DELETE_TOPICS: topics.handle_delete_topics,
+    ApiKey.CREATE_PARTITIONS: topics.handle_create_partitions,
+    ApiKey.DELETE_RECORDS: records.handle_delete_records,
+    ApiKey.DESCRIBE_CONFIGS: configs.handle_describe_configs,
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.handle_incremental_alter_configs,
+    ApiKey.DESCRIBE_CLUSTER: cluster.handle_describe_cluster,
+    ApiKey.DESCRIBE_LOG_DIRS: cluster.handle_describe_log_dirs,
+}

@@ -1,0 +1,23 @@
+"""ApiVersions: the broker's supported ranges, from the handlers that really exist."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...protocol.apis import ApiKey
+from ...protocol.messages import decode_request, encode_response
+
+if TYPE_CHECKING:
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+
+async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    # v3+ carries the client's software name and version; nothing here depends on them,
+    # but decoding still rejects a malformed body.
+    decode_request(ApiKey.API_VERSIONS, ctx.api_version, body)
+    keys = [
+        {"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in broker.dispatcher.supported_versions()
+    ]
+    data = {"error_code": 0, "api_keys": keys, "throttle_time_ms": 0}
+    return encode_response(ApiKey.API_VERSIONS, ctx.api_version, data)

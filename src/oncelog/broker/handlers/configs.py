@@ -1,0 +1,158 @@
+"""DescribeConfigs and IncrementalAlterConfigs for topics (and describe for the broker).
+
+Broker settings come from server.properties and `--set` and are static: describing
+them works, altering them is refused with a message saying where to change them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...config import BROKER_KEYS, TOPIC_KEYS, TYPE_LIST, ConfigError, TopicConfig, parse_topic_overrides
+from ...errors import ErrorCode, KafkaError
+from ...protocol.apis import ApiKey
+from ...protocol.messages import decode_request, encode_response
+
+if TYPE_CHECKING:
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
+SOURCE_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
+OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+
+
+def describe_topic_entries(
+    broker: Broker, config: TopicConfig, keys: list[str] | None, synonyms: bool, docs: bool
+) -> list[dict[str, Any]]:
+    entries = []
+    for name, key in TOPIC_KEYS.items():
+        if keys is not None and name not in keys:
+            continue
+        broker_key = key.broker_synonym
+        broker_set = broker_key in broker.config.explicit if broker_key else False
+        if name in config.overrides:
+            source = SOURCE_TOPIC
+        elif broker_set:
+            source = SOURCE_STATIC_BROKER
+        else:
+            source = SOURCE_DEFAULT
+        syn = []
+        if synonyms:
+            if name in config.overrides:
+                syn.append({"name": name, "value": key.render(config.overrides[name]), "source": SOURCE_TOPIC})
+            if broker_set:
+                syn.append({
+                    "name": broker_key, "value": key.render(broker.config.topic_default(name)),
+                    "source": SOURCE_STATIC_BROKER,
+                })
+            syn.append({"name": broker_key or name, "value": key.render(key.default), "source": SOURCE_DEFAULT})
+        entries.append({
+            "name": name, "value": key.render(config[name]), "read_only": False, "config_source": source,
+            "is_sensitive": False, "synonyms": syn, "config_type": key.type, "documentation": key.doc if docs else None,
+        })
+    return entries
+
+
+def _describe_broker(broker: Broker, keys: list[str] | None, docs: bool) -> list[dict[str, Any]]:
+    entries = []
+    for name, key in BROKER_KEYS.items():
+        if keys is not None and name not in keys:
+            continue
+        explicit = name in broker.config.explicit
+        entries.append({
+            "name": name, "value": key.render(broker.config[name]), "read_only": True,
+            "config_source": SOURCE_STATIC_BROKER if explicit else SOURCE_DEFAULT, "is_sensitive": False,
+            "synonyms": [], "config_type": key.type, "documentation": key.doc if docs else None,
+        })
+    return entries
+
+
+async def handle_describe_configs(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.DESCRIBE_CONFIGS, ctx.api_version, body)
+    docs = bool(getattr(req, "include_documentation", False))
+    results = []
+    for res in req.resources:
+        out: dict[str, Any] = {
+            "error_code": 0, "error_message": None, "resource_type": res.resource_type,
+            "resource_name": res.resource_name, "configs": [],
+        }
+        keys = list(res.configuration_keys) if res.configuration_keys is not None else None
+        if res.resource_type == RESOURCE_TOPIC:
+            meta = broker.logs.topics.get(res.resource_name)
+            if meta is None:
+                out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                out["error_message"] = f"Topic {res.resource_name} does not exist"
+            else:
+                out["configs"] = describe_topic_entries(broker, meta.config, keys, req.include_synonyms, docs)
+        elif res.resource_type == RESOURCE_BROKER:
+            if res.resource_name not in ("", str(broker.node_id)):
+                out["error_code"] = ErrorCode.INVALID_REQUEST
+                out["error_message"] = f"Unknown broker {res.resource_name}"
+            else:
+                out["configs"] = _describe_broker(broker, keys, docs)
+        else:
+            out["error_code"] = ErrorCode.INVALID_REQUEST
+            out["error_message"] = f"Resource type {res.resource_type} is not supported"
+        results.append(out)
+    return encode_response(ApiKey.DESCRIBE_CONFIGS, ctx.api_version, {"throttle_time_ms": 0, "results": results})
+
+
+def _apply(current: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
+    """The new override set after applying SET/DELETE/APPEND/SUBTRACT, validated."""
+    raw: dict[str, Any] = {k: TOPIC_KEYS[k].render(v) for k, v in current.items()}
+    for change in changes:
+        key = TOPIC_KEYS.get(change.name)
+        if key is None:
+            raise KafkaError(ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {change.name}")
+        op = change.config_operation
+        if op == OP_SET:
+            raw[change.name] = change.value
+        elif op == OP_DELETE:
+            raw.pop(change.name, None)
+        elif op in (OP_APPEND, OP_SUBTRACT):
+            if key.type != TYPE_LIST:
+                raise KafkaError(ErrorCode.INVALID_CONFIG, f"{change.name} is not a list; APPEND/SUBTRACT need a list")
+            items = [x for x in str(raw.get(change.name, "")).split(",") if x]
+            if not items and change.name not in raw:
+                items = list(key.default)
+            values = [x.strip() for x in (change.value or "").split(",") if x.strip()]
+            if op == OP_APPEND:
+                items += [v for v in values if v not in items]
+            else:
+                items = [x for x in items if x not in values]
+            raw[change.name] = ",".join(items)
+        else:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unknown config operation {op}")
+    try:
+        return parse_topic_overrides(raw)
+    except ConfigError as exc:
+        raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+
+
+async def handle_incremental_alter_configs(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.INCREMENTAL_ALTER_CONFIGS, ctx.api_version, body)
+    responses = []
+    for res in req.resources:
+        out = {"error_code": 0, "error_message": None, "resource_type": res.resource_type,
+               "resource_name": res.resource_name}
+        try:
+            if res.resource_type == RESOURCE_BROKER:
+                raise KafkaError(
+                    ErrorCode.INVALID_REQUEST,
+                    "Broker configs are static here: set them in server.properties or with --set and restart",
+                )
+            if res.resource_type != RESOURCE_TOPIC:
+                raise KafkaError(ErrorCode.INVALID_REQUEST, f"Resource type {res.resource_type} is not supported")
+            meta = broker.logs.topics.get(res.resource_name)
+            if meta is None:
+                raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {res.resource_name} does not exist")
+            overrides = _apply(dict(meta.config.overrides), list(res.configs))
+            if not req.validate_only:
+                broker.logs.alter_topic_config(res.resource_name, overrides)
+        except KafkaError as exc:
+            out["error_code"], out["error_message"] = exc.code, exc.message
+        responses.append(out)
+    return encode_response(
+        ApiKey.INCREMENTAL_ALTER_CONFIGS, ctx.api_version, {"throttle_time_ms": 0, "responses": responses}
+    )

@@ -1,0 +1,132 @@
+"""Fetch: file regions behind a hand-built header, long-polled until min_bytes or max_wait.
+
+Records are never parsed here. Each partition's data is a region of one segment file
+(or a few bytes read with pread when small), sent with sendfile by the connection.
+Fetch sessions (KIP-227) are not created: answering session id 0 makes every client
+fall back to full fetch requests, which is correct, only less compact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.fetch_codec import FetchPartitionResponse, decode_fetch_request, encode_fetch_response
+from ..connection import FileRegion, close_pieces
+
+if TYPE_CHECKING:
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+READ_COMMITTED = 1
+
+
+def _as_piece(result: Any) -> Any:
+    """Storage read result → what the codec emits: bytes, or a FileRegion for sendfile."""
+    if result is None or result.size == 0:
+        if result is not None and getattr(result, "fd", None) is not None:
+            os.close(result.fd)
+        return b""
+    if getattr(result, "data", None) is not None:
+        return result.data
+    return FileRegion(result.fd, result.position, result.length)
+
+
+def _read_all(broker: Broker, req: Any) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
+    budget = min(req.max_bytes if req.max_bytes > 0 else broker.config["fetch.max.bytes"], broker.config["fetch.max.bytes"])
+    total = 0
+    has_error = False
+    topics: list[tuple[str, list[FetchPartitionResponse]]] = []
+    metrics = broker.metrics
+    for topic in req.topics:
+        parts: list[FetchPartitionResponse] = []
+        topics.append((topic.name, parts))
+        for fp in topic.partitions:
+            plog = broker.logs.get_log(topic.name, fp.partition)
+            if plog is None:
+                has_error = True
+                parts.append(_error_partition(fp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                continue
+            hwm = plog.high_watermark
+            lso = plog.last_stable_offset if hasattr(plog, "last_stable_offset") else hwm
+            upper = lso if req.isolation_level == READ_COMMITTED else hwm
+            records: Any = b""
+            error = ErrorCode.NONE
+            if fp.fetch_offset < plog.log_start_offset or fp.fetch_offset > plog.log_end_offset:
+                error = ErrorCode.OFFSET_OUT_OF_RANGE
+                has_error = True
+            elif budget - total > 0 or total == 0:
+                limit = min(fp.partition_max_bytes, max(budget - total, 0))
+                if limit > 0 or total == 0:
+                    try:
+                        result = plog.read(fp.fetch_offset, max(limit, 1), upper, min_one_batch=(total == 0))
+                    except KafkaError as exc:
+                        error = exc.code
+                        has_error = True
+                    else:
+                        records = _as_piece(result)
+                        size = records.size if isinstance(records, FileRegion) else len(records)
+                        total += size
+                        if size:
+                            metrics.bytes_out.labels(topic.name).inc(size)
+            parts.append(
+                FetchPartitionResponse(
+                    partition_index=fp.partition,
+                    error_code=int(error),
+                    high_watermark=hwm,
+                    last_stable_offset=lso,
+                    log_start_offset=plog.log_start_offset,
+                    aborted_transactions=_aborted(plog, fp.fetch_offset, upper) if req.isolation_level else None,
+                    preferred_read_replica=-1,
+                    records=records,
+                )
+            )
+    return topics, total, has_error
+
+
+def _aborted(plog: Any, start: int, end: int) -> list[tuple[int, int]]:
+    finder = getattr(plog, "aborted_transactions", None)
+    return finder(start, end) if finder is not None else []
+
+
+def _error_partition(index: int, error: ErrorCode) -> FetchPartitionResponse:
+    return FetchPartitionResponse(
+        partition_index=index,
+        error_code=int(error),
+        high_watermark=-1,
+        last_stable_offset=-1,
+        log_start_offset=-1,
+        aborted_transactions=None,
+        preferred_read_replica=-1,
+        records=b"",
+    )
+
+
+def _release(topics: list[tuple[str, list[FetchPartitionResponse]]]) -> None:
+    close_pieces([p.records for _, parts in topics for p in parts])
+
+
+async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
+    req = decode_fetch_request(body, ctx.api_version)
+    if ctx.api_version >= 7 and (req.session_id != 0 or req.session_epoch > 0):
+        return encode_fetch_response(ctx.api_version, 0, int(ErrorCode.FETCH_SESSION_ID_NOT_FOUND), 0, [])
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
+    keys = [(t.name, p.partition) for t in req.topics for p in t.partitions]
+    while True:
+        topics, total, has_error = _read_all(broker, req)
+        remaining = deadline - loop.time()
+        if total >= req.min_bytes or has_error or remaining <= 0 or ctx.connection.closed or not keys:
+            break
+        _release(topics)
+        event = asyncio.Event()
+        broker.watchers.watch(keys, event)
+        try:
+            await asyncio.wait_for(event.wait(), remaining)
+        except TimeoutError:
+            pass
+        finally:
+            broker.watchers.unwatch(keys, event)
+    return encode_fetch_response(ctx.api_version, 0, 0, 0, topics)

@@ -1,0 +1,54 @@
+"""ListOffsets: earliest, latest (high watermark or last stable offset), by timestamp, max timestamp."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ErrorCode
+from ...protocol.apis import ApiKey
+from ...protocol.messages import decode_request, encode_response
+
+if TYPE_CHECKING:
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
+
+
+def lookup(broker: Broker, topic: str, partition: int, timestamp: int, isolation: int) -> dict[str, Any]:
+    plog = broker.logs.get_log(topic, partition)
+    out = {"partition_index": partition, "error_code": 0, "timestamp": -1, "offset": -1, "leader_epoch": -1}
+    if plog is None:
+        out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return out
+    if timestamp == EARLIEST:
+        out["offset"] = plog.log_start_offset
+    elif timestamp == LATEST:
+        lso = getattr(plog, "last_stable_offset", plog.high_watermark)
+        out["offset"] = lso if isolation == 1 else plog.high_watermark
+    elif timestamp == MAX_TIMESTAMP:
+        found = plog.max_timestamp()
+        if found is not None:
+            out["offset"], out["timestamp"] = found
+    elif timestamp >= 0:
+        found = plog.offset_for_timestamp(timestamp)
+        if found is not None:
+            out["offset"], out["timestamp"] = found
+    else:
+        out["error_code"] = ErrorCode.INVALID_REQUEST
+    if out["offset"] >= 0 and out["error_code"] == 0:
+        out["leader_epoch"] = 0
+    return out
+
+
+async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.LIST_OFFSETS, ctx.api_version, body)
+    isolation = req.isolation_level if ctx.api_version >= 2 else 0
+    topics = [
+        {
+            "name": t.name,
+            "partitions": [lookup(broker, t.name, p.partition_index, p.timestamp, isolation) for p in t.partitions],
+        }
+        for t in req.topics
+    ]
+    return encode_response(ApiKey.LIST_OFFSETS, ctx.api_version, {"throttle_time_ms": 0, "topics": topics})

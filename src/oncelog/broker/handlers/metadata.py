@@ -1,0 +1,100 @@
+"""Metadata: one broker that leads every partition; auto-creation on first request."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ...config import topic_name_problem
+from ...errors import ErrorCode, KafkaError
+from ...protocol.apis import ApiKey
+from ...protocol.messages import decode_request, encode_response
+from .common import UNKNOWN_AUTHORIZED_OPERATIONS, find_topic_by_id, topic_uuid
+
+if TYPE_CHECKING:
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+log = logging.getLogger("oncelog.metadata")
+
+
+def topic_entry(broker: Broker, name: str, error: int = 0) -> dict[str, Any]:
+    meta = broker.logs.topics.get(name)
+    if meta is None or error:
+        return {
+            "error_code": error or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+            "name": name,
+            "topic_id": topic_uuid(None),
+            "is_internal": False,
+            "partitions": [],
+            "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
+        }
+    node = broker.node_id
+    return {
+        "error_code": 0,
+        "name": name,
+        "topic_id": topic_uuid(meta.topic_id),
+        "is_internal": meta.internal,
+        "partitions": [
+            {
+                "error_code": 0,
+                "partition_index": p,
+                "leader_id": node,
+                "leader_epoch": 0,
+                "replica_nodes": [node],
+                "isr_nodes": [node],
+                "offline_replicas": [],
+            }
+            for p in range(meta.partitions)
+        ],
+        "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
+    }
+
+
+async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.METADATA, ctx.api_version, body)
+    version = ctx.api_version
+    auto_create = broker.config["auto.create.topics.enable"] and (version < 4 or req.allow_auto_topic_creation)
+    requested = req.topics
+    if requested is None or (version == 0 and not requested):
+        names = sorted(broker.logs.topics)
+        entries = [topic_entry(broker, n) for n in names]
+    else:
+        entries = []
+        for item in requested:
+            name = item.name
+            if name is None:  # v10+: by topic id
+                name = find_topic_by_id(broker, getattr(item, "topic_id", None))
+                if name is None:
+                    entry = topic_entry(broker, "", ErrorCode.UNKNOWN_TOPIC_ID)
+                    entry["name"] = None
+                    entry["topic_id"] = item.topic_id
+                    entries.append(entry)
+                    continue
+            entries.append(_lookup_or_create(broker, name, auto_create))
+    host, port = broker.advertised
+    data = {
+        "throttle_time_ms": 0,
+        "brokers": [{"node_id": broker.node_id, "host": host, "port": port, "rack": None}],
+        "cluster_id": broker.cluster_id,
+        "controller_id": broker.node_id,
+        "topics": entries,
+        "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
+    }
+    return encode_response(ApiKey.METADATA, version, data)
+
+
+def _lookup_or_create(broker: Broker, name: str, auto_create: bool) -> dict[str, Any]:
+    if name in broker.logs.topics:
+        return topic_entry(broker, name)
+    if topic_name_problem(name):
+        return topic_entry(broker, name, ErrorCode.INVALID_TOPIC_EXCEPTION)
+    if not auto_create or name.startswith("__"):
+        return topic_entry(broker, name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    try:
+        broker.logs.create_topic(name, broker.config["num.partitions"], {})
+        log.info("auto-created topic %s with %d partitions", name, broker.config["num.partitions"])
+    except KafkaError as exc:
+        if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
+            return topic_entry(broker, name, exc.code)
+    return topic_entry(broker, name)

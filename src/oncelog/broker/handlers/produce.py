@@ -1,0 +1,117 @@
+"""Produce: validate, append, and (acks=all) wait for the group-commit fsync.
+
+Everything before the first await runs synchronously, in the order requests arrived
+on the connection, so a client's pipelined batches are appended in its order. The
+batch bytes are never copied: the request frame is the buffer the socket wrote into,
+the log patches the base offset in place and writes that memory to the segment.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.produce_codec import (
+    ProducePartitionResponse,
+    decode_produce_request,
+    encode_produce_response,
+)
+from ...records.batch import read_header, set_log_append_time
+from ...records.validate import validate_produce
+from .common import now_ms
+
+if TYPE_CHECKING:
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+log = logging.getLogger("oncelog.produce")
+
+
+class _Slot:
+    """One partition's answer, filled in as the append (and its fsync wait) completes."""
+
+    __slots__ = ("index", "error", "base_offset", "log_append_time", "log_start_offset", "record_errors", "message")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.error = ErrorCode.NONE
+        self.base_offset = -1
+        self.log_append_time = -1
+        self.log_start_offset = -1
+        self.record_errors: list[tuple[int, str | None]] = []
+        self.message: str | None = None
+
+    def response(self) -> ProducePartitionResponse:
+        return ProducePartitionResponse(
+            self.index, int(self.error), self.base_offset, self.log_append_time, self.log_start_offset,
+            self.record_errors, self.message,
+        )
+
+
+async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
+    req = decode_produce_request(body, ctx.api_version)
+    acks = req.acks
+    metrics = broker.metrics
+    topics: list[tuple[str, list[_Slot]]] = []
+    waits: list[tuple[_Slot, Any]] = []
+    failed = False
+    now = now_ms()
+    for topic_name, partitions in req.topics:
+        slots: list[_Slot] = []
+        topics.append((topic_name, slots))
+        meta = broker.logs.topics.get(topic_name)
+        for index, records in partitions:
+            slot = _Slot(index)
+            slots.append(slot)
+            if acks not in (0, 1, -1):
+                slot.error = ErrorCode.INVALID_REQUIRED_ACKS
+                continue
+            plog = broker.logs.get_log(topic_name, index) if meta is not None else None
+            if plog is None or (meta is not None and meta.internal):
+                slot.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if plog is None else ErrorCode.INVALID_TOPIC_EXCEPTION
+                continue
+            slot.log_start_offset = plog.log_start_offset
+            result = validate_produce(
+                records, meta.config, now, partition=f"{topic_name}-{index}", api_version=ctx.api_version
+            )
+            if not result.ok:
+                for kind, count in result.kind_counts.items():
+                    metrics.produce_failures.labels(kind).inc(count)
+                slot.error = result.error
+                slot.record_errors = list(result.record_errors)
+                slot.message = result.message
+                continue
+            header = result.header
+            try:
+                if meta.config.log_append_time:
+                    slot.log_append_time = now
+                    set_log_append_time(records, 0, header.size, now)
+                    header = read_header(records)
+                slot.base_offset = plog.append(records, header)
+            except KafkaError as exc:
+                slot.error = exc.code
+                slot.message = exc.message
+                continue
+            metrics.bytes_in.labels(topic_name).inc(header.size)
+            metrics.messages_in.labels(topic_name).inc(header.record_count)
+            if acks == -1:
+                waits.append((slot, broker.flusher.wait_durable(plog, slot.base_offset + header.last_offset_delta + 1)))
+    for _, slots in topics:
+        failed = failed or any(s.error for s in slots)
+    if acks == 0:
+        if failed:
+            # No response goes back for acks=0, so a closed connection is the only signal.
+            ctx.connection.close()
+        return None
+    if waits:
+        results = await asyncio.gather(*(w for _, w in waits), return_exceptions=True)
+        for (slot, _), outcome in zip(waits, results, strict=True):
+            if isinstance(outcome, KafkaError):
+                slot.error, slot.message, slot.base_offset = outcome.code, outcome.message, -1
+            elif isinstance(outcome, BaseException):
+                log.error("durability wait failed: %r", outcome)
+                slot.error, slot.base_offset = ErrorCode.KAFKA_STORAGE_ERROR, -1
+    responses = [(name, [s.response() for s in slots]) for name, slots in topics]
+    return encode_produce_response(ctx.api_version, responses)

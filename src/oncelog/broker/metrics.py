@@ -1,0 +1,85 @@
+"""Broker metrics in Prometheus text format.
+
+Counters are updated on the request path (a dict lookup and an add); per-partition
+gauges are collected lazily at scrape time from the live logs, so the hot path pays
+nothing for them.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger("oncelog.metrics")
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _PartitionCollector:
+    """Reads partition gauges from the broker's logs when Prometheus scrapes."""
+
+    def __init__(self, logs: Callable[[], Iterable[tuple[str, int, Any]]]) -> None:
+        self._logs = logs
+
+    def collect(self):
+        size = GaugeMetricFamily("oncelog_log_size_bytes", "Bytes on disk of a partition log", labels=["topic", "partition"])
+        start = GaugeMetricFamily("oncelog_log_start_offset", "Log start offset", labels=["topic", "partition"])
+        end = GaugeMetricFamily("oncelog_log_end_offset", "Log end offset", labels=["topic", "partition"])
+        hwm = GaugeMetricFamily("oncelog_high_watermark", "Durable end of the log", labels=["topic", "partition"])
+        segments = GaugeMetricFamily("oncelog_log_segments", "Segments of a partition log", labels=["topic", "partition"])
+        try:
+            items = list(self._logs())
+        except RuntimeError:  # the broker changed its partition map while we copied it; next scrape
+            items = []
+        for topic, partition, plog in items:
+            labels = [topic, str(partition)]
+            size.add_metric(labels, plog.size_bytes)
+            start.add_metric(labels, plog.log_start_offset)
+            end.add_metric(labels, plog.log_end_offset)
+            hwm.add_metric(labels, plog.high_watermark)
+            segments.add_metric(labels, len(plog.segments))
+        yield from (size, start, end, hwm, segments)
+
+
+class BrokerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.bytes_in = Counter("oncelog_bytes_in", "Record bytes appended", ["topic"], registry=r)
+        self.messages_in = Counter("oncelog_messages_in", "Records appended", ["topic"], registry=r)
+        self.bytes_out = Counter("oncelog_bytes_out", "Record bytes sent to consumers", ["topic"], registry=r)
+        self.messages_out = Counter(
+            "oncelog_messages_out",
+            "Records sent to consumers (offsets covered by fetch responses that ended at a batch boundary)",
+            ["topic"], registry=r,
+        )
+        self.requests = Counter("oncelog_requests", "Requests answered", ["api"], registry=r)
+        self.request_errors = Counter("oncelog_request_failures", "Requests that closed the connection", ["api"], registry=r)
+        self.request_latency = Histogram(
+            "oncelog_request_latency_seconds", "Time from request arrival to response ready", ["api"],
+            buckets=_LATENCY_BUCKETS, registry=r,
+        )
+        self.produce_failures = Counter(
+            "oncelog_produce_validation_failures",
+            "Produced batches rejected by validation (KIP-467), by failure kind",
+            ["kind"], registry=r,
+        )
+        self.connections = Counter("oncelog_connections_accepted", "Connections accepted", registry=r)
+        self._http = None
+
+    def watch_partitions(self, logs: Callable[[], Iterable[tuple[str, int, Any]]]) -> None:
+        self.registry.register(_PartitionCollector(logs))
+
+    def serve(self, host: str, port: int) -> int:
+        server, _thread = start_http_server(port, addr=host, registry=self.registry)
+        self._http = server
+        return server.server_port
+
+    def stop(self) -> None:
+        if self._http is not None:
+            self._http.shutdown()
+            self._http = None

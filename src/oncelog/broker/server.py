@@ -1,0 +1,145 @@
+"""The broker process: wires storage, dispatch and background duties together.
+
+One asyncio loop runs every connection and every partition append; the only work
+that leaves the loop is fsync (the group-commit flusher's worker thread) and the
+Prometheus scrape thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import BrokerConfig
+from ..storage.flusher import GroupCommitFlusher
+from ..storage.log_manager import LogManager
+from .connection import Connection
+from .delayed import PartitionWatchers
+from .dispatch import Dispatcher
+from .handlers import HANDLERS
+from .metrics import BrokerMetrics
+
+log = logging.getLogger("oncelog.broker")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class Broker:
+    def __init__(
+        self,
+        config: BrokerConfig,
+        data_dir: str | Path,
+        host: str = "127.0.0.1",
+        port: int = 9092,
+        metrics_listen: tuple[str, int] | None = None,
+    ) -> None:
+        self.config = config
+        self.data_dir = Path(data_dir)
+        self.host = host
+        self.port = port
+        self.node_id: int = config["node.id"]
+        self.metrics = BrokerMetrics()
+        self.metrics_listen = metrics_listen
+        self.metrics_port: int | None = None
+        self.watchers = PartitionWatchers()
+        self.flusher = GroupCommitFlusher(
+            fsync_enabled=config["oncelog.fsync.enable"], on_high_watermark=self._on_high_watermark
+        )
+        self.logs = LogManager(self.data_dir, config, self.flusher)
+        self.dispatcher = Dispatcher(self, HANDLERS)
+        self.connections: set[Connection] = set()
+        self._server: asyncio.base_events.Server | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._stopping = False
+
+    # -- identity ---------------------------------------------------------------------------------
+    @property
+    def cluster_id(self) -> str:
+        return self.logs.cluster_id
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        configured = self.config["advertised.listeners"]
+        if configured:
+            address = configured.split(",")[0].split("://")[-1]
+            host, _, port = address.rpartition(":")
+            return host, int(port)
+        return self.host, self.port
+
+    # -- lifecycle --------------------------------------------------------------------------------
+    async def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        self.logs.startup()
+        self.flusher.start()
+        self._server = await loop.create_server(lambda: Connection(self), self.host, self.port, backlog=1024)
+        sock = self._server.sockets[0]
+        self.host, self.port = sock.getsockname()[:2]
+        if self.metrics_listen is not None:
+            self.metrics.watch_partitions(self._partition_snapshot)
+            self.metrics_port = self.metrics.serve(*self.metrics_listen)
+        self._tasks = [
+            loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),
+            loop.create_task(self._every(self.config["log.flush.offset.checkpoint.interval.ms"], self.logs.checkpoint)),
+            loop.create_task(self._every(min(10000, self.config["connections.max.idle.ms"]), self._close_idle)),
+        ]
+        log.info("broker %d started, cluster id %s, data in %s", self.node_id, self.cluster_id, self.data_dir)
+
+    async def stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        if self._server is not None:
+            self._server.close()
+        for conn in list(self.connections):
+            conn.close()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.flusher.stop()
+        self.logs.shutdown()
+        self.metrics.stop()
+        log.info("broker stopped cleanly")
+
+    async def _every(self, interval_ms: int, action: Any) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                result = action()
+                if asyncio.iscoroutine(result):
+                    await result
+            except Exception:
+                log.exception("background task %s failed", getattr(action, "__name__", action))
+
+    def _retention(self) -> None:
+        self.logs.run_retention(now_ms())
+
+    def _close_idle(self) -> None:
+        limit = self.config["connections.max.idle.ms"] / 1000
+        now = time.monotonic()
+        for conn in list(self.connections):
+            if now - conn.last_active > limit:
+                log.info("closing idle connection from %s", conn.peer)
+                conn.close()
+
+    # -- connections ------------------------------------------------------------------------------
+    def register_connection(self, conn: Connection) -> bool:
+        if len(self.connections) >= self.config["max.connections"]:
+            return False
+        self.connections.add(conn)
+        self.metrics.connections.inc()
+        return True
+
+    def unregister_connection(self, conn: Connection) -> None:
+        self.connections.discard(conn)
+
+    # -- partitions -------------------------------------------------------------------------------
+    def _on_high_watermark(self, plog: Any) -> None:
+        self.watchers.notify((plog.topic, plog.partition))
+
+    def _partition_snapshot(self):
+        return [(plog.topic, plog.partition, plog) for plog in list(self.logs.all_logs())]

@@ -1,0 +1,78 @@
+"""The `oncelog` command. `serve` runs a broker in the foreground.
+
+Client-side subcommands (topics, produce, consume, ...) arrive with the Python client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from pathlib import Path
+
+from .config import ConfigError, load_broker_config
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host or "127.0.0.1", int(port)
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="oncelog", description="A Kafka-protocol broker with exactly-once producers.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run one broker in the foreground")
+    serve.add_argument("--data-dir", default="./data", help="where partition logs live (default ./data)")
+    serve.add_argument("--listen", type=_host_port, default=("127.0.0.1", 9092), help="HOST:PORT (port 0: any free)")
+    serve.add_argument("--config", type=Path, help="a server.properties file with Kafka's key names")
+    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
+    serve.add_argument("--metrics-listen", type=_host_port, help="HOST:PORT for Prometheus metrics")
+    serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    return parser
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from .broker.server import Broker
+
+    text = args.config.read_text() if args.config else None
+    config = load_broker_config(text, args.set)
+    host, port = args.listen
+    broker = Broker(config, args.data_dir, host, port, metrics_listen=args.metrics_listen)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await broker.start()
+    print(f"oncelog listening on {broker.host}:{broker.port}", flush=True)
+    if broker.metrics_port is not None:
+        print(f"oncelog metrics on {args.metrics_listen[0]}:{broker.metrics_port}", flush=True)
+    await stop.wait()
+    await broker.stop()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _build_parser().parse_args(argv)
+    if args.command == "serve":
+        logging.basicConfig(
+            level=getattr(logging, str(args.log_level).upper(), logging.INFO),
+            stream=sys.stderr,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        try:
+            return asyncio.run(_serve(args))
+        except ConfigError as exc:
+            print(f"oncelog: configuration error: {exc}", file=sys.stderr)
+            return 2
+        except OSError as exc:
+            print(f"oncelog: cannot start: {exc}", file=sys.stderr)
+            return 1
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

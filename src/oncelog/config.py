@@ -1,0 +1,364 @@
+"""Broker and topic configuration with Kafka's key names.
+
+Kafka users bring `server.properties` files and `--config` habits with them, so keys,
+units and defaults follow Kafka; oncelog-only keys carry an `oncelog.` prefix.
+Every limit the broker enforces is a key here, validated at startup: a typo or an
+out-of-range value stops the broker with a clear message instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+LONG_MAX = 9223372036854775807
+INT_MAX = 2147483647
+
+# Config types as DescribeConfigs v3+ reports them.
+TYPE_BOOLEAN, TYPE_STRING, TYPE_INT, TYPE_SHORT, TYPE_LONG, TYPE_DOUBLE, TYPE_LIST = 1, 2, 3, 4, 5, 6, 7
+
+
+class ConfigError(ValueError):
+    """A configuration key or value the broker refuses."""
+
+
+@dataclass(frozen=True)
+class ConfigKey:
+    name: str
+    type: int
+    default: Any
+    doc: str
+    validator: Callable[[Any], str | None] | None = None
+    # For topic keys: the broker key that supplies the default.
+    broker_synonym: str | None = None
+
+    def parse(self, raw: Any) -> Any:
+        value = _coerce(self, raw)
+        if self.validator is not None:
+            problem = self.validator(value)
+            if problem:
+                raise ConfigError(f"Invalid value {raw!r} for configuration {self.name}: {problem}")
+        return value
+
+    def render(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        if self.type == TYPE_BOOLEAN:
+            return "true" if value else "false"
+        if self.type == TYPE_LIST:
+            return ",".join(value)
+        return str(value)
+
+
+def _coerce(key: ConfigKey, raw: Any) -> Any:
+    if raw is None:
+        return None
+    try:
+        if key.type == TYPE_BOOLEAN:
+            if isinstance(raw, bool):
+                return raw
+            text = str(raw).strip().lower()
+            if text not in ("true", "false"):
+                raise ValueError("expected true or false")
+            return text == "true"
+        if key.type in (TYPE_INT, TYPE_SHORT, TYPE_LONG):
+            value = int(str(raw).strip())
+            limit = {TYPE_INT: INT_MAX, TYPE_SHORT: 32767, TYPE_LONG: LONG_MAX}[key.type]
+            if not -limit - 1 <= value <= limit:
+                raise ValueError("out of range for its type")
+            return value
+        if key.type == TYPE_DOUBLE:
+            return float(str(raw).strip())
+        if key.type == TYPE_LIST:
+            if isinstance(raw, (list, tuple)):
+                return [str(x).strip() for x in raw if str(x).strip()]
+            return [part.strip() for part in str(raw).split(",") if part.strip()]
+        return str(raw).strip()
+    except ValueError as exc:
+        raise ConfigError(f"Invalid value {raw!r} for configuration {key.name}: {exc}") from None
+
+
+def at_least(minimum: int) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= minimum else f"must be at least {minimum}"
+
+
+def one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+def list_of(*choices: str) -> Callable[[Any], str | None]:
+    def check(values: list[str]) -> str | None:
+        bad = [v for v in values if v not in choices]
+        if bad or not values:
+            return f"each item must be one of {', '.join(choices)}"
+        return None
+
+    return check
+
+
+COMPRESSION_TYPES = ("producer", "uncompressed", "gzip", "snappy", "lz4", "zstd")
+
+TOPIC_KEYS: dict[str, ConfigKey] = {
+    k.name: k
+    for k in [
+        ConfigKey("cleanup.policy", TYPE_LIST, ["delete"], "Delete old segments, compact by key, or both.",
+                  list_of("delete", "compact"), "log.cleanup.policy"),
+        ConfigKey("compression.type", TYPE_STRING, "producer", "Codec the topic keeps; 'producer' keeps the producer's.",
+                  one_of(*COMPRESSION_TYPES), "compression.type"),
+        ConfigKey("max.message.bytes", TYPE_INT, 1048588, "Largest record batch the topic accepts.",
+                  at_least(0), "message.max.bytes"),
+        ConfigKey("message.timestamp.type", TYPE_STRING, "CreateTime", "CreateTime or LogAppendTime.",
+                  one_of("CreateTime", "LogAppendTime"), "log.message.timestamp.type"),
+        ConfigKey("message.timestamp.before.max.ms", TYPE_LONG, LONG_MAX,
+                  "How far in the past a record's CreateTime may be.", at_least(0),
+                  "log.message.timestamp.before.max.ms"),
+        ConfigKey("message.timestamp.after.max.ms", TYPE_LONG, LONG_MAX,
+                  "How far in the future a record's CreateTime may be.", at_least(0),
+                  "log.message.timestamp.after.max.ms"),
+        ConfigKey("retention.ms", TYPE_LONG, 604800000, "Age after which a closed segment is deleted; -1: never.",
+                  at_least(-1), "log.retention.ms"),
+        ConfigKey("retention.bytes", TYPE_LONG, -1, "Size above which the oldest segments are deleted; -1: none.",
+                  at_least(-1), "log.retention.bytes"),
+        ConfigKey("segment.bytes", TYPE_INT, 1073741824, "Size at which the active segment is rolled.",
+                  at_least(14), "log.segment.bytes"),
+        ConfigKey("segment.ms", TYPE_LONG, 604800000, "Age at which the active segment is rolled.",
+                  at_least(1), "log.roll.ms"),
+        ConfigKey("segment.index.bytes", TYPE_INT, 10485760, "Largest offset index of a segment.",
+                  at_least(8), "log.index.size.max.bytes"),
+        ConfigKey("index.interval.bytes", TYPE_INT, 4096, "Bytes between two offset index entries.",
+                  at_least(0), "log.index.interval.bytes"),
+        ConfigKey("min.insync.replicas", TYPE_INT, 1, "Replicas that must acknowledge acks=all (always 1 here).",
+                  at_least(1), "min.insync.replicas"),
+        ConfigKey("file.delete.delay.ms", TYPE_LONG, 60000, "Kept for compatibility; deletion is immediate.",
+                  at_least(0), "log.segment.delete.delay.ms"),
+    ]
+}
+
+
+def _broker_keys() -> dict[str, ConfigKey]:
+    keys = [
+        ConfigKey("node.id", TYPE_INT, 0, "This broker's id.", at_least(0)),
+        ConfigKey("num.partitions", TYPE_INT, 1, "Partitions of an auto-created topic.", at_least(1)),
+        ConfigKey("default.replication.factor", TYPE_SHORT, 1, "Replication factor of auto-created topics.",
+                  lambda v: None if v == 1 else "must be 1 on a single broker"),
+        ConfigKey("auto.create.topics.enable", TYPE_BOOLEAN, True, "Create a topic on first Metadata request."),
+        ConfigKey("delete.topic.enable", TYPE_BOOLEAN, True, "Allow DeleteTopics."),
+        ConfigKey("advertised.listeners", TYPE_STRING, "", "host:port clients are told to connect to."),
+        ConfigKey("log.cleanup.policy", TYPE_LIST, ["delete"], "Default cleanup.policy.", list_of("delete", "compact")),
+        ConfigKey("compression.type", TYPE_STRING, "producer", "Default compression.type.", one_of(*COMPRESSION_TYPES)),
+        ConfigKey("message.max.bytes", TYPE_INT, 1048588, "Default max.message.bytes.", at_least(0)),
+        ConfigKey("log.message.timestamp.type", TYPE_STRING, "CreateTime", "Default message.timestamp.type.",
+                  one_of("CreateTime", "LogAppendTime")),
+        ConfigKey("log.message.timestamp.before.max.ms", TYPE_LONG, LONG_MAX,
+                  "Default message.timestamp.before.max.ms.", at_least(0)),
+        ConfigKey("log.message.timestamp.after.max.ms", TYPE_LONG, LONG_MAX,
+                  "Default message.timestamp.after.max.ms.", at_least(0)),
+        ConfigKey("log.retention.ms", TYPE_LONG, None, "Default retention.ms (overrides minutes and hours).",
+                  at_least(-1)),
+        ConfigKey("log.retention.minutes", TYPE_INT, None, "Default retention in minutes.", at_least(-1)),
+        ConfigKey("log.retention.hours", TYPE_INT, 168, "Default retention in hours.", at_least(-1)),
+        ConfigKey("log.retention.bytes", TYPE_LONG, -1, "Default retention.bytes.", at_least(-1)),
+        ConfigKey("log.retention.check.interval.ms", TYPE_LONG, 300000, "How often retention runs.", at_least(1)),
+        ConfigKey("log.segment.bytes", TYPE_INT, 1073741824, "Default segment.bytes.", at_least(14)),
+        ConfigKey("log.roll.ms", TYPE_LONG, None, "Default segment.ms (overrides log.roll.hours).", at_least(1)),
+        ConfigKey("log.roll.hours", TYPE_INT, 168, "Default segment age in hours.", at_least(1)),
+        ConfigKey("log.index.size.max.bytes", TYPE_INT, 10485760, "Default segment.index.bytes.", at_least(8)),
+        ConfigKey("log.index.interval.bytes", TYPE_INT, 4096, "Default index.interval.bytes.", at_least(0)),
+        ConfigKey("log.segment.delete.delay.ms", TYPE_LONG, 60000, "Default file.delete.delay.ms.", at_least(0)),
+        ConfigKey("min.insync.replicas", TYPE_INT, 1, "Default min.insync.replicas.", at_least(1)),
+        ConfigKey("log.flush.offset.checkpoint.interval.ms", TYPE_INT, 60000,
+                  "How often the recovery point of every partition is checkpointed.", at_least(1)),
+        ConfigKey("log.flush.start.offset.checkpoint.interval.ms", TYPE_INT, 60000,
+                  "How often log start offsets are checkpointed (they are also written when they move).",
+                  at_least(1)),
+        ConfigKey("socket.request.max.bytes", TYPE_INT, 104857600, "Largest request frame accepted.", at_least(1)),
+        ConfigKey("max.connections", TYPE_INT, 1000, "Open client connections allowed at once.", at_least(1)),
+        ConfigKey("queued.max.requests", TYPE_INT, 500,
+                  "Requests of one connection in progress before the broker stops reading from it.", at_least(1)),
+        ConfigKey("connections.max.idle.ms", TYPE_LONG, 600000, "Idle connections are closed after this.",
+                  at_least(1)),
+        ConfigKey("fetch.max.bytes", TYPE_INT, 57671680, "Upper bound on a Fetch response's records.", at_least(0)),
+        ConfigKey("producer.id.expiration.ms", TYPE_INT, 86400000,
+                  "Idle time after which a producer's state is dropped.", at_least(1)),
+        ConfigKey("producer.id.expiration.check.interval.ms", TYPE_INT, 600000,
+                  "How often idle producer state is looked for.", at_least(1)),
+        ConfigKey("transactional.id.expiration.ms", TYPE_INT, 604800000,
+                  "Idle time after which a transactional id is forgotten.", at_least(1)),
+        ConfigKey("transaction.max.timeout.ms", TYPE_INT, 900000, "Largest transaction timeout allowed.",
+                  at_least(1)),
+        ConfigKey("transaction.abort.timed.out.transaction.cleanup.interval.ms", TYPE_INT, 10000,
+                  "How often timed-out transactions are aborted.", at_least(1)),
+        ConfigKey("transaction.remove.expired.transaction.cleanup.interval.ms", TYPE_INT, 3600000,
+                  "How often expired transactional ids are removed.", at_least(1)),
+        ConfigKey("transaction.state.log.num.partitions", TYPE_INT, 50, "Partitions of __transaction_state.",
+                  at_least(1)),
+        ConfigKey("offsets.topic.num.partitions", TYPE_INT, 50, "Partitions of __consumer_offsets.", at_least(1)),
+        ConfigKey("offsets.retention.minutes", TYPE_INT, 10080, "How long offsets of an empty group are kept.",
+                  at_least(1)),
+        ConfigKey("group.initial.rebalance.delay.ms", TYPE_INT, 3000, "Wait for more members on a new group.",
+                  at_least(0)),
+        ConfigKey("group.min.session.timeout.ms", TYPE_INT, 6000, "Smallest session timeout allowed.", at_least(0)),
+        ConfigKey("group.max.session.timeout.ms", TYPE_INT, 1800000, "Largest session timeout allowed.",
+                  at_least(0)),
+        ConfigKey("oncelog.fsync.enable", TYPE_BOOLEAN, True,
+                  "fsync before acknowledging acks=all and before data becomes visible to consumers. "
+                  "Turning it off trades durability against power loss for speed."),
+    ]
+    return {k.name: k for k in keys}
+
+
+BROKER_KEYS = _broker_keys()
+
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
+
+
+def topic_name_problem(name: str) -> str | None:
+    """Kafka's topic name rules; None when the name is legal."""
+    if name in (".", ".."):
+        return "Topic name cannot be '.' or '..'"
+    if not _TOPIC_NAME.match(name or ""):
+        return "Topic name must be 1-249 characters of ASCII alphanumerics, '.', '_' and '-'"
+    return None
+
+
+@dataclass
+class BrokerConfig:
+    """Validated broker settings, plus where each value came from (for DescribeConfigs)."""
+
+    values: dict[str, Any]
+    explicit: set[str] = field(default_factory=set)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def retention_ms(self) -> int:
+        if self.values["log.retention.ms"] is not None:
+            return self.values["log.retention.ms"]
+        if self.values["log.retention.minutes"] is not None:
+            minutes = self.values["log.retention.minutes"]
+            return -1 if minutes < 0 else minutes * 60000
+        hours = self.values["log.retention.hours"]
+        return -1 if hours < 0 else hours * 3600000
+
+    @property
+    def roll_ms(self) -> int:
+        if self.values["log.roll.ms"] is not None:
+            return self.values["log.roll.ms"]
+        return self.values["log.roll.hours"] * 3600000
+
+    def topic_default(self, key: str) -> Any:
+        """The broker-level default of a topic key."""
+        if key == "retention.ms":
+            return self.retention_ms
+        if key == "segment.ms":
+            return self.roll_ms
+        synonym = TOPIC_KEYS[key].broker_synonym
+        if synonym in self.values:
+            return self.values[synonym]
+        return TOPIC_KEYS[key].default
+
+    def topic_config(self, overrides: Mapping[str, Any] | None = None) -> TopicConfig:
+        values = {key: self.topic_default(key) for key in TOPIC_KEYS}
+        values.update(overrides or {})
+        return TopicConfig(values, dict(overrides or {}))
+
+
+@dataclass
+class TopicConfig:
+    """A topic's effective settings: broker defaults with the topic's overrides on top."""
+
+    values: dict[str, Any]
+    overrides: dict[str, Any]
+
+    def __getitem__(self, key: str) -> Any:
+        return self.values[key]
+
+    @property
+    def compacted(self) -> bool:
+        return "compact" in self.values["cleanup.policy"]
+
+    @property
+    def deletes(self) -> bool:
+        return "delete" in self.values["cleanup.policy"]
+
+    @property
+    def log_append_time(self) -> bool:
+        return self.values["message.timestamp.type"] == "LogAppendTime"
+
+
+def parse_topic_overrides(pairs: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate topic-level overrides (CreateTopics, AlterConfigs); raise ConfigError naming the key."""
+    out: dict[str, Any] = {}
+    for name, raw in pairs.items():
+        key = TOPIC_KEYS.get(name)
+        if key is None:
+            raise ConfigError(f"Unknown topic config name: {name}")
+        out[name] = key.parse(raw)
+    return out
+
+
+def parse_properties(text: str) -> dict[str, str]:
+    """Parse Java .properties syntax: '=' or ':' separators, '#'/'!' comments, '\\' continuations."""
+    result: dict[str, str] = {}
+    logical: list[str] = []
+    for raw_line in text.splitlines():
+        line = raw_line.lstrip() if not logical else raw_line.lstrip()
+        if not logical and (not line or line[0] in "#!"):
+            continue
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2 == 1:
+            logical.append(line[:-1])
+            continue
+        logical.append(line)
+        entry = "".join(logical)
+        logical = []
+        match = re.match(r"^((?:\\.|[^=:\s])+)\s*[=:\s]\s*(.*)$", entry)
+        if match is None:
+            key, value = entry.strip(), ""
+        else:
+            key, value = match.group(1), match.group(2)
+        result[_unescape(key)] = _unescape(value.rstrip())
+    if logical:
+        entry = "".join(logical)
+        key, _, value = entry.partition("=")
+        result[_unescape(key.strip())] = _unescape(value.strip())
+    return result
+
+
+def _unescape(text: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}.get(m.group(1), m.group(1)), text)
+
+
+def load_broker_config(
+    properties_text: str | None = None, overrides: Iterable[str] = (), strict: bool = True
+) -> BrokerConfig:
+    """Build the broker config from a properties file's text and `--set key=value` overrides."""
+    raw: dict[str, str] = {}
+    if properties_text:
+        raw.update(parse_properties(properties_text))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, value = item.split("=", 1)
+        raw[key.strip()] = value
+    values = {name: key.default for name, key in BROKER_KEYS.items()}
+    explicit: set[str] = set()
+    for name, value in raw.items():
+        key = BROKER_KEYS.get(name)
+        if key is None:
+            alias = _ALIASES.get(name)
+            if alias is None:
+                if strict:
+                    raise ConfigError(f"Unknown configuration key: {name}")
+                continue
+            key = BROKER_KEYS[alias]
+        values[key.name] = key.parse(value)
+        explicit.add(key.name)
+    return BrokerConfig(values, explicit)
+
+
+# Kafka names that mean the same as one of ours.
+_ALIASES = {"broker.id": "node.id"}

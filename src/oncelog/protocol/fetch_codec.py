@@ -1,0 +1,347 @@
+"""Fetch request decode and Fetch response encode, versions 4..12.
+
+Kafka's JSON schema (FetchRequest.json / FetchResponse.json) is the spec; the
+round-trip tests check these functions against kafka-python's schema-driven codec
+for every version. v13+ identifies topics by UUID (KIP-516) and is not accepted.
+
+The response encoder never touches record bytes. It returns the body as a list of
+pieces: `bytes` it built itself (length prefixes, partition headers), interleaved
+with the caller's records objects exactly as given, so the connection can write the
+bytes and `sendfile` the file regions. Fetch responses are mostly records, so this is
+what keeps a fetch from costing a copy of everything it returns.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .primitives import (
+    EMPTY_TAGS,
+    INT32,
+    ProtocolError,
+    Reader,
+    UnsupportedVersionError,
+    encode_compact_string,
+    encode_string,
+    encode_uvarint,
+    skip_tags_at,
+)
+
+__all__ = [
+    "MIN_VERSION",
+    "MAX_VERSION",
+    "FIRST_FLEXIBLE_VERSION",
+    "FetchPartition",
+    "FetchTopic",
+    "ForgottenTopic",
+    "FetchRequestData",
+    "FetchPartitionResponse",
+    "decode_fetch_request",
+    "encode_fetch_response",
+    "pieces_size",
+]
+
+MIN_VERSION = 4
+MAX_VERSION = 12
+FIRST_FLEXIBLE_VERSION = 12
+
+
+class FetchPartition(NamedTuple):
+    partition: int
+    current_leader_epoch: int  # v9+, else -1
+    fetch_offset: int
+    last_fetched_epoch: int  # v12+, else -1
+    log_start_offset: int  # v5+, else -1 (only meaningful from followers)
+    partition_max_bytes: int
+
+
+class FetchTopic(NamedTuple):
+    name: str
+    partitions: list[FetchPartition]
+
+
+class ForgottenTopic(NamedTuple):
+    name: str
+    partitions: list[int]
+
+
+@dataclass(slots=True)
+class FetchRequestData:
+    replica_id: int
+    max_wait_ms: int
+    min_bytes: int
+    max_bytes: int
+    isolation_level: int
+    session_id: int = 0  # v7+
+    session_epoch: int = -1  # v7+
+    topics: list[FetchTopic] = field(default_factory=list)
+    forgotten_topics: list[ForgottenTopic] = field(default_factory=list)  # v7+
+    rack_id: str = ""  # v11+
+
+
+_HEAD_V4 = struct.Struct(">iiiib")  # replica, max wait, min bytes, max bytes, isolation
+_HEAD_V7 = struct.Struct(">iiiibii")  # + session id, session epoch
+
+# Fixed part of one partition, per version range.
+_PART_V4 = struct.Struct(">iqi")  # partition, fetch offset, max bytes
+_PART_V5 = struct.Struct(">iqqi")  # + log start offset
+_PART_V9 = struct.Struct(">iiqqi")  # + current leader epoch (before fetch offset)
+_PART_V12 = struct.Struct(">iiqiqi")  # + last fetched epoch (after fetch offset)
+
+
+def _check_version(version: int) -> None:
+    if not MIN_VERSION <= version <= MAX_VERSION:
+        raise UnsupportedVersionError(f"Fetch v{version} is not supported ({MIN_VERSION}-{MAX_VERSION})")
+
+
+_new_tuple = tuple.__new__  # builds a NamedTuple without its Python-level __new__
+
+
+def _read_partitions(r: Reader, version: int, count: int) -> list[FetchPartition]:
+    """`count` partitions at the reader's position; the caller has checked they can fit.
+
+    This is the per-partition loop of every fetch, so it works on the buffer directly:
+    before v12 the partitions are a plain array of fixed-size structs and one
+    `iter_unpack` reads them all; v12 interleaves a tagged-fields section, almost always
+    the single byte 0.
+    """
+    buf = r.buf
+    pos = r.pos
+    if version >= 12:
+        unpack = _PART_V12.unpack_from
+        size = _PART_V12.size
+        out: list[FetchPartition] = []
+        add = out.append
+        try:
+            for _ in range(count):
+                add(_new_tuple(FetchPartition, unpack(buf, pos)))
+                pos += size
+                if buf[pos]:
+                    pos = skip_tags_at(buf, pos)
+                else:
+                    pos += 1
+        except (IndexError, struct.error):
+            raise ProtocolError(f"truncated partition at offset {pos}") from None
+        r.pos = pos
+        return out
+    st = _PART_V9 if version >= 9 else _PART_V5 if version >= 5 else _PART_V4
+    new = pos + count * st.size
+    if new > r.end:
+        raise ProtocolError(f"{count} partitions cannot fit in {r.end - pos} bytes")
+    r.pos = new
+    rows = st.iter_unpack(buf[pos:new])
+    if version >= 9:
+        return [_new_tuple(FetchPartition, (p, epoch, offset, -1, lso, mb)) for p, epoch, offset, lso, mb in rows]
+    if version >= 5:
+        return [_new_tuple(FetchPartition, (p, -1, offset, -1, lso, mb)) for p, offset, lso, mb in rows]
+    return [_new_tuple(FetchPartition, (p, -1, offset, -1, -1, mb)) for p, offset, mb in rows]
+
+
+def _read_int32_list(r: Reader, count: int) -> list[int]:
+    st = struct.Struct(f">{count}i")
+    return list(r.unpack(st))
+
+
+def decode_fetch_request(body: memoryview, version: int) -> FetchRequestData:
+    """Decode a Fetch request body (the bytes after the request header).
+
+    Tagged fields (v12: ClusterId at top level, any unknown tag anywhere) are skipped.
+    Raises `ProtocolError` on malformation and trailing bytes, `UnsupportedVersionError`
+    outside 4..12.
+    """
+    _check_version(version)
+    r = Reader(body)
+    flexible = version >= FIRST_FLEXIBLE_VERSION
+    if version >= 7:
+        replica_id, max_wait_ms, min_bytes, max_bytes, isolation, session_id, session_epoch = r.unpack(_HEAD_V7)
+    else:
+        replica_id, max_wait_ms, min_bytes, max_bytes, isolation = r.unpack(_HEAD_V4)
+        session_id, session_epoch = 0, -1
+    part_size = (_PART_V12.size + 1 if flexible else _PART_V9.size if version >= 9
+                 else _PART_V5.size if version >= 5 else _PART_V4.size)
+    topics: list[FetchTopic] = []
+    forgotten: list[ForgottenTopic] = []
+    rack_id = ""
+    if flexible:
+        for _ in range(r.compact_array_len(3)):
+            name = r.compact_string()
+            partitions = _read_partitions(r, version, r.compact_array_len(part_size))
+            r.skip_tags()
+            topics.append(_new_tuple(FetchTopic, (name, partitions)))
+        for _ in range(r.compact_array_len(3)):
+            name = r.compact_string()
+            indexes = _read_int32_list(r, r.compact_array_len(4))
+            r.skip_tags()
+            forgotten.append(ForgottenTopic(name, indexes))
+        rack_id = r.compact_string()
+        r.skip_tags()
+    else:
+        for _ in range(r.array_len(6)):
+            name = r.string()
+            partitions = _read_partitions(r, version, r.array_len(part_size))
+            topics.append(_new_tuple(FetchTopic, (name, partitions)))
+        if version >= 7:
+            for _ in range(r.array_len(6)):
+                name = r.string()
+                forgotten.append(ForgottenTopic(name, _read_int32_list(r, r.array_len(4))))
+        if version >= 11:
+            rack_id = r.string()
+    r.expect_end("Fetch request")
+    return FetchRequestData(
+        replica_id, max_wait_ms, min_bytes, max_bytes, isolation,
+        session_id, session_epoch, topics, forgotten, rack_id,
+    )
+
+
+class FetchPartitionResponse(NamedTuple):
+    """One partition's answer. Any tuple with these fields in this order is accepted.
+
+    `records` is None, a bytes-like object, or anything with an integer `size`
+    attribute (a file region); it is passed through to the piece list untouched.
+    """
+
+    partition_index: int
+    error_code: int = 0
+    high_watermark: int = -1
+    last_stable_offset: int = -1  # v4+
+    log_start_offset: int = -1  # v5+
+    #: [(producer id, first offset)] or None, v4+; only READ_COMMITTED fetches need it
+    aborted_transactions: Sequence[tuple[int, int]] | None = None
+    preferred_read_replica: int = -1  # v11+
+    records: Any = None
+
+
+_R_V4 = struct.Struct(">ihqq")  # index, error, high watermark, last stable offset
+_R_V5 = struct.Struct(">ihqqq")  # + log start offset
+_R_V12_NO_ABORTED = struct.Struct(">ihqqqBi")  # v12 partition head when aborted is null: one pack
+_ABORTED = struct.Struct(">qq")
+_ABORTED_TAGGED = struct.Struct(">qqB")  # + empty tags, v12
+_TOP_V7 = struct.Struct(">ihi")  # throttle, error, session id
+_pack_i32 = INT32.pack
+_REPLICA_LEN = struct.Struct(">ii")  # preferred read replica + records length, v11
+_NULL_ARRAY = INT32.pack(-1)
+_NULL_RECORDS_AND_TAGS = b"\x00\x00"  # v12: null compact records, then the partition's empty tags
+_EMPTY_RECORDS_AND_TAGS = b"\x01\x00"  # v12: zero-length compact records, then empty tags
+_BUFFERS = (bytes, bytearray, memoryview)
+
+
+def _records_size(records: Any) -> int:
+    if isinstance(records, (bytes, bytearray)):
+        return len(records)
+    if isinstance(records, memoryview):
+        return records.nbytes
+    size = getattr(records, "size", None)
+    if type(size) is not int:
+        raise TypeError(f"records must be bytes-like or have an integer size, got {type(records).__name__}")
+    return size
+
+
+def encode_fetch_response(
+    version: int,
+    throttle_time_ms: int,
+    error_code: int,
+    session_id: int,
+    topics: Sequence[tuple[str, Sequence[FetchPartitionResponse | tuple]]],
+) -> list[Any]:
+    """Encode a Fetch response body as a list of pieces to be written in order.
+
+    Pieces are the codec's own `bytes` (adjacent ones joined, so there is one bytes
+    piece between two records objects) and the caller's records objects, by identity.
+    Empty bytes-like records are dropped (they own nothing); a file region is always
+    passed on, even of size 0, because the piece list is how the caller finds the
+    descriptors to close. `error_code` and `session_id` exist on the wire from v7 and are
+    ignored below it. v12 tagged fields (DivergingEpoch, CurrentLeader, SnapshotId)
+    are left out: they serve follower replicas and leader changes, not oncelog.
+
+    Plain tuples in `FetchPartitionResponse` order are accepted and are the cheapest
+    thing to build on the hot path.
+    """
+    _check_version(version)
+    if version >= 7:
+        head = _TOP_V7.pack(throttle_time_ms, error_code, session_id)
+    else:
+        head = _pack_i32(throttle_time_ms)
+    if version >= FIRST_FLEXIBLE_VERSION:
+        return _encode_flexible(head, topics)
+    return _encode_classic(version, head, topics)
+
+
+def _encode_flexible(head: bytes, topics: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+    # `cur` is the codec bytes since the last records object; it becomes one piece when
+    # the next records object is emitted. bytes concatenation of a few dozen bytes is
+    # cheaper here than collecting a list to join.
+    pieces: list[Any] = []
+    uvarint = encode_uvarint
+    pack_head = _R_V12_NO_ABORTED.pack
+    cur = head + uvarint(len(topics) + 1)
+    for name, partitions in topics:
+        cur += encode_compact_string(name) + uvarint(len(partitions) + 1)
+        for index, err, hw, lso, log_start, aborted, replica, records in partitions:
+            if aborted is None:
+                cur += pack_head(index, err, hw, lso, log_start, 0, replica)
+            else:
+                cur += b"".join([
+                    _R_V5.pack(index, err, hw, lso, log_start),
+                    uvarint(len(aborted) + 1),
+                    *[_ABORTED_TAGGED.pack(producer_id, first_offset, 0) for producer_id, first_offset in aborted],
+                    _pack_i32(replica),
+                ])
+            if records is None:
+                cur += _NULL_RECORDS_AND_TAGS
+                continue
+            size = len(records) if type(records) is bytes else _records_size(records)
+            if size or not isinstance(records, _BUFFERS):
+                pieces.append(cur + uvarint(size + 1))
+                pieces.append(records)
+                cur = EMPTY_TAGS
+            else:
+                cur += _EMPTY_RECORDS_AND_TAGS
+        cur += EMPTY_TAGS
+    pieces.append(cur + EMPTY_TAGS)
+    return pieces
+
+
+def _encode_classic(version: int, head: bytes, topics: Sequence[tuple[str, Sequence[Any]]]) -> list[Any]:
+    has_lso = version >= 5
+    has_replica = version >= 11
+    pieces: list[Any] = []
+    cur = head + _pack_i32(len(topics))
+    for name, partitions in topics:
+        cur += encode_string(name) + _pack_i32(len(partitions))
+        for index, err, hw, lso, log_start, aborted, replica, records in partitions:
+            if has_lso:
+                cur += _R_V5.pack(index, err, hw, lso, log_start)
+            else:
+                cur += _R_V4.pack(index, err, hw, lso)
+            if aborted is None:
+                cur += _NULL_ARRAY
+            else:
+                cur += b"".join([
+                    _pack_i32(len(aborted)),
+                    *[_ABORTED.pack(producer_id, first_offset) for producer_id, first_offset in aborted],
+                ])
+            size = -1 if records is None else len(records) if type(records) is bytes else _records_size(records)
+            cur += _REPLICA_LEN.pack(replica, size) if has_replica else _pack_i32(size)
+            if size > 0 or (size == 0 and not isinstance(records, _BUFFERS)):
+                pieces.append(cur)
+                pieces.append(records)
+                cur = b""
+    if cur:
+        pieces.append(cur)
+    return pieces
+
+
+def pieces_size(pieces: Sequence[Any]) -> int:
+    """Total byte length of a piece list, for the response's size prefix."""
+    total = 0
+    for p in pieces:
+        if isinstance(p, (bytes, bytearray)):
+            total += len(p)
+        elif isinstance(p, memoryview):
+            total += p.nbytes
+        else:
+            total += p.size
+    return total

@@ -1,0 +1,91 @@
+"""Kafka-format offset checkpoint files (`recovery-point-offset-checkpoint`, `log-start-offset-checkpoint`).
+
+Format, as Kafka writes it: a version line (0), a count line, then one `<topic> <partition> <offset>` line per
+partition. Written atomically (temp file, fsync, rename, fsync of the directory) because a torn checkpoint
+would either skip recovery of unflushed data or resurrect deleted records.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+VERSION = 0
+
+RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
+LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
+
+
+class CorruptCheckpointError(ValueError):
+    """A checkpoint file that does not parse; the message names the file and the line."""
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike, data: bytes) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new content, durably."""
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(path) or ".")
+
+
+def write_checkpoint(path: str | os.PathLike, offsets: Mapping[tuple[str, int], int]) -> None:
+    lines = [str(VERSION), str(len(offsets))]
+    lines += [f"{topic} {partition} {offset}" for (topic, partition), offset in sorted(offsets.items())]
+    atomic_write(path, ("\n".join(lines) + "\n").encode())
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[tuple[str, int], int]:
+    """{(topic, partition): offset}; empty when the file does not exist."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except FileNotFoundError:
+        return {}
+    except UnicodeDecodeError as exc:
+        raise CorruptCheckpointError(f"Checkpoint file {path} is not text: {exc}") from None
+    lines = text.splitlines()
+
+    def bad(line_no: int, why: str) -> CorruptCheckpointError:
+        shown = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
+        return CorruptCheckpointError(f"Malformed checkpoint file {path}, line {line_no} ({shown!r}): {why}")
+
+    if len(lines) < 2:
+        raise bad(len(lines) + 1, "missing version or count line")
+    if lines[0].strip() != str(VERSION):
+        raise bad(1, f"unsupported version (expected {VERSION})")
+    try:
+        count = int(lines[1])
+    except ValueError:
+        raise bad(2, "count is not a number") from None
+    entries = lines[2:]
+    if count < 0 or len(entries) != count:
+        raise bad(2, f"count {count} but {len(entries)} entries follow")
+    result: dict[tuple[str, int], int] = {}
+    for i, line in enumerate(entries, start=3):
+        parts = line.split()
+        if len(parts) != 3:
+            raise bad(i, "expected '<topic> <partition> <offset>'")
+        try:
+            partition, offset = int(parts[1]), int(parts[2])
+        except ValueError:
+            raise bad(i, "partition and offset must be integers") from None
+        if partition < 0:
+            raise bad(i, "negative partition")
+        result[(parts[0], partition)] = offset
+    return result

@@ -1,0 +1,215 @@
+"""Group commit: one fsync round covers every partition and connection that wrote since the previous round.
+
+An fsync costs about the same for one batch as for a thousand, so waiters never trigger an fsync of their own:
+they mark their log dirty and wait for the high watermark to pass their offset. The flusher task takes the
+flush targets of all dirty logs (on the loop thread, so the snapshot is consistent), runs every fdatasync in
+ONE worker-thread call (fsync releases the GIL; the loop keeps serving and its writes go into the next round),
+then moves the high watermarks, wakes the waiters and tells the broker (long-poll fetches).
+
+An fsync error takes the log offline: after a failed fsync Linux may have dropped the dirty pages, so a retry
+that "succeeds" would acknowledge data that is gone. Waiters get KAFKA_STORAGE_ERROR.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import logging
+import os
+from collections.abc import Callable
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TYPE_CHECKING
+
+from ..errors import ErrorCode, KafkaError
+
+if TYPE_CHECKING:
+    from .partition_log import FlushTargets, PartitionLog
+
+log = logging.getLogger(__name__)
+
+
+def _sync_all(groups: list[tuple[list[int], list[int]]]) -> list[OSError | None]:
+    """Worker thread: fdatasync files, fsync directories, close every fd; one result per group (log)."""
+    results: list[OSError | None] = []
+    for fds, dir_fds in groups:
+        error: OSError | None = None
+        try:
+            for fd in fds:
+                os.fdatasync(fd)
+            for fd in dir_fds:
+                os.fsync(fd)
+        except OSError as exc:
+            error = exc
+        finally:
+            for fd in (*fds, *dir_fds):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        results.append(error)
+    return results
+
+
+class GroupCommitFlusher:
+    """One per broker. `start()` inside the running loop, `await stop()` before closing the logs."""
+
+    def __init__(
+        self,
+        fsync_enabled: bool = True,
+        on_high_watermark: Callable[[PartitionLog], None] | None = None,
+        executor: Executor | None = None,
+    ) -> None:
+        self.fsync_enabled = fsync_enabled
+        self.on_high_watermark = on_high_watermark
+        self._executor = executor
+        self._own_executor: ThreadPoolExecutor | None = None
+        self._dirty: dict[PartitionLog, None] = {}  # insertion-ordered set
+        self._waiters: dict[PartitionLog, list[tuple[int, int, asyncio.Future]]] = {}
+        self._seq = itertools.count()
+        self._wakeup: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self._stopping = False
+        # Counters for metrics and tests: fsync rounds run (each one worker-thread call) and fds synced.
+        self.rounds = 0
+        self.synced_fds = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is not None:
+            return
+        self._wakeup = asyncio.Event()
+        self._stopping = False
+        if self._executor is None:
+            # A thread of its own: fsyncs never queue behind other run_in_executor work.
+            self._own_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oncelog-fsync")
+            self._executor = self._own_executor
+        self._task = asyncio.get_running_loop().create_task(self._run(), name="oncelog-flusher")
+        if self._dirty:
+            self._wakeup.set()
+
+    async def stop(self) -> None:
+        """Finish the rounds that are due, then end the task. Waiters still pending afterwards get an error."""
+        task = self._task
+        if task is None:
+            return
+        self._stopping = True
+        assert self._wakeup is not None
+        self._wakeup.set()
+        try:
+            await task
+        finally:
+            self._task = None
+            if self._own_executor is not None:
+                self._own_executor.shutdown(wait=False)
+                self._own_executor = self._executor = None
+        for plog in list(self._waiters):
+            self._fail(plog, KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, "The broker is shutting down"))
+
+    # -- API for the produce path ------------------------------------------------------------------------------
+    def mark_dirty(self, plog: PartitionLog) -> None:
+        """`plog` has appended bytes (or new/deleted segment files) that the next round must make durable."""
+        self._dirty[plog] = None
+        if self._wakeup is not None:
+            self._wakeup.set()
+
+    async def wait_durable(self, plog: PartitionLog, offset: int) -> None:
+        """Return once `plog`'s high watermark is >= `offset` (pass the batch's last offset + 1)."""
+        if plog.high_watermark >= offset:
+            return
+        if plog.offline_reason is not None:
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Log {plog.name} is offline: {plog.offline_reason}")
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiters.setdefault(plog, []), (offset, next(self._seq), future))
+        if plog.dirty:  # otherwise the round in flight already covers everything appended
+            self.mark_dirty(plog)
+        await future
+
+    def forget(self, plog: PartitionLog, error: KafkaError | None = None) -> None:
+        """`plog` is gone (topic deleted): drop it and fail its waiters."""
+        self._dirty.pop(plog, None)
+        self._fail(plog, error or KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{plog.name} was deleted"))
+
+    # -- the task --------------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            while self._dirty:
+                try:
+                    await self._round()
+                except asyncio.CancelledError:
+                    raise
+                except Exception:  # a bug must not stop durability for everyone else
+                    log.exception("flush round failed")
+            if self._stopping:
+                return
+
+    async def _round(self) -> None:
+        logs = list(self._dirty)
+        self._dirty.clear()
+        work: list[tuple[PartitionLog, FlushTargets]] = []
+        for plog in logs:
+            if plog.offline_reason is not None:
+                self._fail_offline(plog)
+                continue
+            try:
+                work.append((plog, plog.flush_targets()))
+            except OSError as exc:
+                plog.mark_offline(f"could not prepare fsync: {exc}")
+                self._fail_offline(plog)
+        if not work:
+            return
+        groups = [(targets.fds, targets.dir_fds) for _, targets in work]
+        errors: list[OSError | None]
+        if any(fds or dir_fds for fds, dir_fds in groups):
+            self.rounds += 1
+            self.synced_fds += sum(len(fds) + len(dir_fds) for fds, dir_fds in groups)
+            loop = asyncio.get_running_loop()
+            try:
+                errors = await loop.run_in_executor(self._executor, _sync_all, groups)
+            except asyncio.CancelledError:
+                raise  # the worker still runs and closes the fds
+            except Exception as exc:  # the call never ran (executor gone): nothing is known to be durable
+                for _, targets in work:
+                    targets.close()
+                errors = [OSError(f"fsync could not run: {exc!r}")] * len(work)
+        else:
+            errors = [None] * len(work)
+        for (plog, targets), error in zip(work, errors, strict=True):
+            if error is not None:
+                plog.mark_offline(f"fsync failed: {error}")
+                self._fail_offline(plog)
+                continue
+            plog.mark_flushed(targets.end_offset)
+            self._wake(plog)
+            if self.on_high_watermark is not None:
+                try:
+                    self.on_high_watermark(plog)
+                except Exception:
+                    log.exception("high watermark callback failed for %s", plog.name)
+
+    def _wake(self, plog: PartitionLog) -> None:
+        heap = self._waiters.get(plog)
+        if not heap:
+            return
+        hw = plog.high_watermark
+        while heap and heap[0][0] <= hw:
+            future = heapq.heappop(heap)[2]
+            if not future.done():
+                future.set_result(None)
+        if not heap:
+            del self._waiters[plog]
+        elif plog.dirty:
+            # Waiters beyond what this round covered: their bytes arrived during the fsync.
+            self._dirty.setdefault(plog, None)
+
+    def _fail_offline(self, plog: PartitionLog) -> None:
+        self._fail(plog, KafkaError(ErrorCode.KAFKA_STORAGE_ERROR,
+                                    f"Log {plog.name} is offline: {plog.offline_reason}"))
+
+    def _fail(self, plog: PartitionLog, error: KafkaError) -> None:
+        for _, _, future in self._waiters.pop(plog, []):
+            if not future.done():
+                future.set_exception(KafkaError(error.code, error.message))

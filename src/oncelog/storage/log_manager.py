@@ -1,0 +1,458 @@
+"""The data directory: topic metadata, every partition log, checkpoints, retention, clean shutdown.
+
+Layout (Kafka's where Kafka has one):
+  meta.properties                       cluster.id and node.id, created on first start
+  <topic>-<partition>/                  a partition log (segments, plus `partition.metadata` with the topic id)
+  recovery-point-offset-checkpoint      per partition: offsets below it are known to be on disk
+  log-start-offset-checkpoint           per partition: the log start offset (DeleteRecords, retention)
+  .oncelog_cleanshutdown                written last at a clean shutdown, removed at startup
+  __oncelog_meta/topics/<topic>.json    topic id, partition count, config overrides (Kafka keeps these in
+                                        its metadata log; a single broker does not need one)
+
+The topic JSON is the source of truth: a partition directory that no topic claims (a crash in the middle of
+deleting a topic or adding partitions) is removed at startup, and `partition.metadata` catches a directory left
+from an older topic of the same name.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..config import (
+    TOPIC_KEYS,
+    BrokerConfig,
+    ConfigError,
+    TopicConfig,
+    parse_properties,
+    parse_topic_overrides,
+    topic_name_problem,
+)
+from ..errors import ErrorCode, KafkaError
+from .checkpoints import (
+    LOG_START_OFFSET_FILE,
+    RECOVERY_POINT_FILE,
+    CorruptCheckpointError,
+    atomic_write,
+    fsync_dir,
+    read_checkpoint,
+    write_checkpoint,
+)
+from .partition_log import PartitionLog
+
+if TYPE_CHECKING:
+    from .flusher import GroupCommitFlusher
+
+CLEAN_SHUTDOWN_FILE = ".oncelog_cleanshutdown"
+META_PROPERTIES_FILE = "meta.properties"
+META_DIR = "__oncelog_meta"
+PARTITION_METADATA_FILE = "partition.metadata"
+
+log = logging.getLogger(__name__)
+
+
+class LogDirError(RuntimeError):
+    """The data directory cannot be used as it is (another node's, unreadable metadata)."""
+
+
+@dataclass
+class TopicMeta:
+    name: str
+    topic_id: bytes
+    partitions: int
+    config: TopicConfig
+    internal: bool = False
+
+
+def new_cluster_id() -> str:
+    """22-character base64url of a random UUID, as Kafka's `Uuid.toString`; never starting with '-', which
+    Kafka avoids so that the id cannot be mistaken for a command-line flag."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class LogManager:
+    """Owns every PartitionLog of the broker. Methods run on the event-loop thread."""
+
+    def __init__(
+        self,
+        data_dir: str | os.PathLike,
+        broker_config: BrokerConfig,
+        flusher: GroupCommitFlusher | None = None,
+        now_ms: Callable[[], int] | None = None,
+    ) -> None:
+        self.data_dir = Path(data_dir)
+        self.config = broker_config
+        self.flusher = flusher
+        self.node_id: int = broker_config["node.id"]
+        self.cluster_id = ""
+        self.topics: dict[str, TopicMeta] = {}
+        self.clean_startup = False  # whether the previous shutdown was clean (producer state may care)
+        self._now_ms = now_ms or _now_ms
+        self._fsync: bool = broker_config["oncelog.fsync.enable"]
+        self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._checkpoint_lock = threading.Lock()
+
+    @property
+    def _topics_dir(self) -> Path:
+        return self.data_dir / META_DIR / "topics"
+
+    # -- startup / shutdown -------------------------------------------------------------------------------
+    def startup(self) -> None:
+        self._topics_dir.mkdir(parents=True, exist_ok=True)
+        self._load_meta_properties()
+        marker = self.data_dir / CLEAN_SHUTDOWN_FILE
+        clean = marker.exists()
+        self.clean_startup = clean
+        recovery_points = self._read_checkpoint(RECOVERY_POINT_FILE)
+        log_starts = self._read_checkpoint(LOG_START_OFFSET_FILE)
+        if recovery_points is None:
+            clean = False  # recover everything rather than trust a point we cannot read
+            recovery_points = {}
+        for meta in self._load_topics():
+            self.topics[meta.name] = meta
+        for meta in self.topics.values():
+            for p in range(meta.partitions):
+                self._open_log(meta, p, recovery_points.get((meta.name, p), 0),
+                               (log_starts or {}).get((meta.name, p), 0), clean)
+        self._remove_stray_dirs()
+        if marker.exists():
+            marker.unlink()
+            fsync_dir(self.data_dir)
+        self.checkpoint()
+        log.info("loaded %d topics, %d partitions from %s (%s shutdown)", len(self.topics), len(self._logs),
+                 self.data_dir, "clean" if self.clean_startup else "unclean")
+
+    def shutdown(self) -> None:
+        """Close every log (fsyncing it), write the checkpoints, then the clean-shutdown marker, last, and only
+        if everything before it succeeded. Stop the flusher first."""
+        ok = True
+        for plog in self._logs.values():
+            try:
+                plog.close()
+            except OSError:
+                ok = False
+                log.exception("closing %s failed", plog.name)
+            if plog.offline:
+                ok = False
+        try:
+            self.checkpoint()
+        except OSError:
+            ok = False
+            log.exception("writing checkpoints at shutdown failed")
+        if ok:
+            atomic_write(self.data_dir / CLEAN_SHUTDOWN_FILE, b"")
+        else:
+            log.warning("not marking the shutdown clean: the next start recovers the logs")
+        self._logs.clear()
+
+    def _load_meta_properties(self) -> None:
+        path = self.data_dir / META_PROPERTIES_FILE
+        if path.exists():
+            props = parse_properties(path.read_text(encoding="utf-8"))
+            cluster_id = props.get("cluster.id", "")
+            if not cluster_id:
+                raise LogDirError(f"{path} has no cluster.id")
+            stored = props.get("node.id")
+            if stored is not None and stored.strip() != str(self.node_id):
+                raise LogDirError(
+                    f"The data directory {self.data_dir} belongs to node {stored.strip()}, but node.id is "
+                    f"{self.node_id}; use another directory or set node.id={stored.strip()}"
+                )
+            self.cluster_id = cluster_id
+            return
+        self.cluster_id = new_cluster_id()
+        text = f"#oncelog\nversion=1\ncluster.id={self.cluster_id}\nnode.id={self.node_id}\n"
+        atomic_write(path, text.encode())
+
+    def _read_checkpoint(self, name: str) -> dict[tuple[str, int], int] | None:
+        try:
+            return read_checkpoint(self.data_dir / name)
+        except CorruptCheckpointError as exc:
+            log.warning("%s; ignoring it", exc)
+            return None
+
+    def _load_topics(self) -> list[TopicMeta]:
+        metas = []
+        for entry in sorted(os.listdir(self._topics_dir)):
+            path = self._topics_dir / entry
+            if entry.endswith(".tmp"):
+                path.unlink()
+                continue
+            if not entry.endswith(".json"):
+                continue
+            try:
+                doc = json.loads(path.read_text(encoding="utf-8"))
+                overrides = parse_topic_overrides(doc.get("config", {}))
+                meta = TopicMeta(
+                    name=doc["name"],
+                    topic_id=bytes.fromhex(doc["topic_id"]),
+                    partitions=int(doc["partitions"]),
+                    config=self.config.topic_config(overrides),
+                    internal=bool(doc.get("internal", False)),
+                )
+            except (ValueError, KeyError, TypeError, ConfigError) as exc:
+                raise LogDirError(f"Topic metadata file {path} is unreadable: {exc}") from exc
+            if entry != f"{meta.name}.json" or len(meta.topic_id) != 16 or meta.partitions < 1:
+                raise LogDirError(f"Topic metadata file {path} is inconsistent")
+            metas.append(meta)
+        return metas
+
+    def _write_topic_meta(self, meta: TopicMeta, partitions: int, overrides: Mapping[str, Any]) -> None:
+        doc = {
+            "version": 1,
+            "name": meta.name,
+            "topic_id": meta.topic_id.hex(),
+            "partitions": partitions,
+            "internal": meta.internal,
+            "config": {k: TOPIC_KEYS[k].render(v) for k, v in sorted(overrides.items())},
+        }
+        atomic_write(self._topics_dir / f"{meta.name}.json", (json.dumps(doc, indent=1) + "\n").encode())
+
+    # -- partition directories ---------------------------------------------------------------------------
+    def _partition_dir(self, topic: str, partition: int) -> Path:
+        return self.data_dir / f"{topic}-{partition}"
+
+    def _open_log(
+        self, meta: TopicMeta, partition: int, recovery_point: int, log_start: int, clean: bool, new: bool = False
+    ) -> PartitionLog:
+        directory = self._partition_dir(meta.name, partition)
+        marker = directory / PARTITION_METADATA_FILE
+        stored = self._stored_topic_id(marker)
+        if directory.exists() and (new or (stored is not None and stored != meta.topic_id)):
+            log.warning("removing %s: it belongs to an older topic of the same name", directory)
+            shutil.rmtree(directory)
+            stored = None
+        directory.mkdir(exist_ok=True)
+        if stored is None:
+            self._write_partition_metadata(marker, meta.topic_id)
+        plog = PartitionLog.open(
+            directory, meta.name, partition, meta.config, recovery_point=recovery_point,
+            log_start_offset=log_start, clean=clean or new, now_ms=self._now_ms, fsync=self._fsync,
+        )
+        if self.flusher is not None:
+            plog.on_dirty = self.flusher.mark_dirty
+        self._logs[(meta.name, partition)] = plog
+        return plog
+
+    @staticmethod
+    def _stored_topic_id(path: Path) -> bytes | None:
+        """Topic id from Kafka's `partition.metadata` (`version: 0`, `topic_id: <base64url uuid>`)."""
+        try:
+            props = parse_properties(path.read_text(encoding="utf-8"))
+            text = props["topic_id"]
+            return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+        except (OSError, KeyError, ValueError):
+            return None
+
+    @staticmethod
+    def _write_partition_metadata(path: Path, topic_id: bytes) -> None:
+        text = base64.urlsafe_b64encode(topic_id).rstrip(b"=").decode()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, f"version: 0\ntopic_id: {text}\n".encode())
+            os.fdatasync(fd)  # its directory entry is made durable with the partition directory
+        finally:
+            os.close(fd)
+
+    def _remove_stray_dirs(self) -> None:
+        for entry in os.scandir(self.data_dir):
+            if not entry.is_dir() or entry.name == META_DIR:
+                continue
+            topic, dash, number = entry.name.rpartition("-")
+            if not dash or not number.isdigit() or str(int(number)) != number:
+                continue
+            meta = self.topics.get(topic)
+            if meta is None or int(number) >= meta.partitions:
+                log.warning("removing %s: no topic claims this partition", entry.path)
+                shutil.rmtree(entry.path, ignore_errors=True)
+
+    # -- topics ---------------------------------------------------------------------------------------------
+    def create_topic(
+        self, name: str, partitions: int, overrides: Mapping[str, Any] | None = None, internal: bool = False
+    ) -> TopicMeta:
+        problem = topic_name_problem(name)
+        if problem:
+            raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
+        if name in self.topics:
+            raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
+        normalized = name.replace(".", "_")
+        for other in self.topics:
+            if other.replace(".", "_") == normalized:
+                raise KafkaError(
+                    ErrorCode.INVALID_TOPIC_EXCEPTION,
+                    f"Topic '{name}' collides with existing topic: {other} ('.' and '_' collide in metric names)",
+                )
+        if partitions < 1:
+            raise KafkaError(ErrorCode.INVALID_PARTITIONS, "Number of partitions must be larger than 0.")
+        parsed = self._parse_overrides(overrides or {})
+        meta = TopicMeta(name, self._new_topic_id(), partitions, self.config.topic_config(parsed), internal)
+        opened: list[PartitionLog] = []
+        try:
+            for p in range(partitions):
+                opened.append(self._open_log(meta, p, 0, 0, clean=True, new=True))
+            fsync_dir(self.data_dir)
+            self._write_topic_meta(meta, partitions, parsed)
+        except OSError as exc:
+            for plog in opened:
+                self._logs.pop((name, plog.partition), None)
+                plog.delete()
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not create topic '{name}': {exc}") from exc
+        self.topics[name] = meta
+        return meta
+
+    def _new_topic_id(self) -> bytes:
+        taken = {m.topic_id for m in self.topics.values()}
+        while True:
+            topic_id = uuid.uuid4().bytes
+            if topic_id not in taken:
+                return topic_id
+
+    @staticmethod
+    def _parse_overrides(overrides: Mapping[str, Any]) -> dict[str, Any]:
+        try:
+            return parse_topic_overrides(overrides)
+        except ConfigError as exc:
+            raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from None
+
+    def _meta(self, name: str) -> TopicMeta:
+        meta = self.topics.get(name)
+        if meta is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic '{name}' does not exist.")
+        return meta
+
+    def delete_topic(self, name: str) -> None:
+        meta = self._meta(name)
+        try:
+            (self._topics_dir / f"{name}.json").unlink()
+            fsync_dir(self._topics_dir)
+        except OSError as exc:
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not delete topic '{name}': {exc}") from exc
+        del self.topics[name]
+        for p in range(meta.partitions):
+            plog = self._logs.pop((name, p), None)
+            if plog is None:
+                continue
+            if self.flusher is not None:
+                self.flusher.forget(plog)
+            plog.delete()
+        self._checkpoint_quietly()
+
+    def create_partitions(self, name: str, total: int) -> TopicMeta:
+        meta = self._meta(name)
+        if total <= meta.partitions:
+            why = "already has" if total == meta.partitions else "currently has"
+            raise KafkaError(
+                ErrorCode.INVALID_PARTITIONS,
+                f"Topic {why} {meta.partitions} partitions"
+                + ("." if total == meta.partitions else f", which is higher than the requested {total}."),
+            )
+        opened: list[PartitionLog] = []
+        try:
+            for p in range(meta.partitions, total):
+                opened.append(self._open_log(meta, p, 0, 0, clean=True, new=True))
+            fsync_dir(self.data_dir)
+            self._write_topic_meta(meta, total, meta.config.overrides)
+        except OSError as exc:
+            for plog in opened:
+                self._logs.pop((name, plog.partition), None)
+                plog.delete()
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not add partitions to '{name}': {exc}") from exc
+        meta.partitions = total
+        return meta
+
+    def alter_topic_config(
+        self, name: str, overrides: Mapping[str, Any], incremental: bool = False
+    ) -> TopicConfig:
+        """Replace the topic's overrides with `overrides` (AlterConfigs), or with `incremental` merge them into
+        the current ones, a None value removing a key (IncrementalAlterConfigs). Persisted, then applied to
+        every partition log."""
+        meta = self._meta(name)
+        if incremental:
+            merged = dict(meta.config.overrides)
+            for key, value in overrides.items():
+                if value is None:
+                    merged.pop(key, None)
+                else:
+                    merged[key] = value
+        else:
+            merged = {k: v for k, v in overrides.items() if v is not None}
+        parsed = self._parse_overrides(merged)
+        config = self.config.topic_config(parsed)
+        try:
+            self._write_topic_meta(meta, meta.partitions, parsed)
+        except OSError as exc:
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not persist config of '{name}': {exc}") from exc
+        meta.config = config
+        for p in range(meta.partitions):
+            plog = self._logs.get((name, p))
+            if plog is not None:
+                plog.update_config(config)
+        return config
+
+    # -- logs -----------------------------------------------------------------------------------------------
+    def get_log(self, topic: str, partition: int) -> PartitionLog | None:
+        return self._logs.get((topic, partition))
+
+    def all_logs(self) -> list[PartitionLog]:
+        return list(self._logs.values())
+
+    def delete_records(self, topic: str, partition: int, offset: int) -> int:
+        """DeleteRecords on one partition, with the log start offset checkpointed before returning."""
+        plog = self.get_log(topic, partition)
+        if plog is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        before = plog.log_start_offset
+        start = plog.delete_records_before(offset)
+        if start != before:
+            self.checkpoint()
+        return start
+
+    def run_retention(self, now_ms: int | None = None) -> int:
+        """Apply retention to every log; returns the number of segments deleted. Log start offsets that moved
+        are checkpointed at once, so deleted records do not come back after a crash."""
+        now = self._now_ms() if now_ms is None else now_ms
+        deleted = 0
+        moved = False
+        for plog in list(self._logs.values()):
+            before = plog.log_start_offset
+            try:
+                deleted += plog.apply_retention(now)
+            except Exception:
+                log.exception("retention failed for %s", plog.name)
+            moved = moved or plog.log_start_offset != before
+        if moved:
+            self._checkpoint_quietly()
+        return deleted
+
+    def checkpoint(self) -> None:
+        """Write both checkpoint files (fsynced, atomic). The recovery point is each log's `recovery_point`,
+        which equals the high watermark when fsync is enabled."""
+        logs = list(self._logs.items())
+        recovery = {key: plog.recovery_point for key, plog in logs}
+        starts = {key: plog.log_start_offset for key, plog in logs}
+        with self._checkpoint_lock:
+            write_checkpoint(self.data_dir / RECOVERY_POINT_FILE, recovery)
+            write_checkpoint(self.data_dir / LOG_START_OFFSET_FILE, starts)
+
+    def _checkpoint_quietly(self) -> None:
+        try:
+            self.checkpoint()
+        except OSError:
+            log.exception("writing checkpoints failed")
