@@ -36,6 +36,7 @@ class BrokerProcess:
             args += ["--set", f"{key}={value}"]
         if self.metrics:
             args += ["--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
         log_file.close()

@@ -338,7 +338,7 @@ def aio_produce(bootstrap: str, topic: str, outs: Sequence[Out], **conf: Any) ->
             metas = [await f for f in futures]
         finally:
             await producer.stop()
-        return [(m.partition, m.offset) for m in metas]
+        return [(m.partition, m.offset) if m is not None else (-1, -1) for m in metas]  # None: acks=0
 
     return asyncio.run(run())
 

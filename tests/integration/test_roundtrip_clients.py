@@ -47,7 +47,7 @@ def sample(partitions: int, count: int, tag: str, *, null_headers: bool = True, 
            seed: int = 0, text: bool = False) -> list[Out]:
     """Records with keys, null keys, null values, empty values, repeated and null header values.
 
-    kafka-python refuses null header values (`null_headers=False, both_null=False`); kafka-python and aiokafka refuse a record
+    kafka-python refuses null header values (`null_headers=False`); kafka-python and aiokafka refuse a record
     with neither key nor value (`both_null=False`).
     `text`: printable values only (with JSON's special characters), for kcat's JSON output.
     """
@@ -170,12 +170,15 @@ def test_cross_client(module_broker, topic_name):
 
     by_ck = ck_consume(bs, topic_name, starts)
     check(by_ck)
-    by_kp = kp_consume(bs, topic_name, starts)
-    check(by_kp)
+    # kafka-python reads the partitions whose codec it has (only gzip without extra packages)
+    codec_of = {0: "zstd", 1: kp_codec, 2: "lz4", 3: "snappy"}
+    kp_parts = {p: 0 for p, codec in codec_of.items() if _kafka_python_has(codec)}
+    by_kp = kp_consume(bs, topic_name, kp_parts)
+    assert by_kp == [r for r in by_ck if r.partition in kp_parts]
     by_aio = aio_consume(bs, topic_name, starts)
     check(by_aio)
-    # kafka-python and aiokafka read the kcat records' timestamps exactly as librdkafka does
-    assert by_kp == by_ck == by_aio
+    # aiokafka reads the kcat records' timestamps exactly as librdkafka does
+    assert by_aio == by_ck
     by_kcat = [r for p in range(4) for r in kcat_consume(bs, topic_name, p)]
     assert by_kcat == by_ck
 

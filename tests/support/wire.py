@@ -10,7 +10,6 @@ import socket
 import struct
 from typing import Any
 
-from kafka.protocol.api_header import ResponseHeader
 
 
 class Wire:
@@ -62,7 +61,7 @@ class Wire:
 
         cls = next(getattr(mod, response_cls) for mod in (a, c, m, p) if hasattr(mod, response_cls))
         flexible = cls.flexible_version_q(version) and cls.API_KEY != 18
-        header = ResponseHeader.decode(memoryview(frame), flexible=flexible)
-        assert header.correlation_id == self.correlation, (header.correlation_id, self.correlation)
-        offset = 4 + (1 if flexible else 0)
+        correlation_id = struct.unpack_from(">i", frame)[0]
+        assert correlation_id == self.correlation, (correlation_id, self.correlation)
+        offset = 4 + (1 if flexible else 0)  # response header v1: the broker sends no tags
         return cls.decode(frame[offset:], version=version)

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger("oncelog.metrics")
 
@@ -22,8 +22,10 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 
 class _PartitionCollector:
     """Reads partition gauges from the broker's logs when Prometheus scrapes."""
 
-    def __init__(self, logs: Callable[[], Iterable[tuple[str, int, Any]]]) -> None:
+    def __init__(self, logs: Callable[[], Iterable[tuple[str, int, Any]]],
+                 partitions: Callable[[], Iterable[Any]] | None = None) -> None:
         self._logs = logs
+        self._partitions = partitions
 
     def collect(self):
         size = GaugeMetricFamily("oncelog_log_size_bytes", "Bytes on disk of a partition log", labels=["topic", "partition"])
@@ -43,6 +45,27 @@ class _PartitionCollector:
             hwm.add_metric(labels, plog.high_watermark)
             segments.add_metric(labels, len(plog.segments))
         yield from (size, start, end, hwm, segments)
+        if self._partitions is None:
+            return
+        producers = GaugeMetricFamily("oncelog_producer_ids", "Producer ids with state on a partition",
+                                      labels=["topic", "partition"])
+        rules = CounterMetricFamily(
+            "oncelog_producer_state_verdicts",
+            "Produce batches answered by a producer-state rule other than a plain append", labels=["rule"],
+        )
+        totals: dict[str, int] = {}
+        try:
+            parts = list(self._partitions())
+        except RuntimeError:
+            parts = []
+        for part in parts:
+            producers.add_metric([part.topic, str(part.index)], len(part.producers.entries))
+            for rule, count in part.producers.stats.items():
+                totals[rule] = totals.get(rule, 0) + count
+        for rule, count in sorted(totals.items()):
+            rules.add_metric([rule], count)
+        yield producers
+        yield rules
 
 
 class BrokerMetrics:
@@ -71,8 +94,9 @@ class BrokerMetrics:
         self.connections = Counter("oncelog_connections_accepted", "Connections accepted", registry=r)
         self._http = None
 
-    def watch_partitions(self, logs: Callable[[], Iterable[tuple[str, int, Any]]]) -> None:
-        self.registry.register(_PartitionCollector(logs))
+    def watch_partitions(self, logs: Callable[[], Iterable[tuple[str, int, Any]]],
+                         partitions: Callable[[], Iterable[Any]] | None = None) -> None:
+        self.registry.register(_PartitionCollector(logs, partitions))
 
     def serve(self, host: str, port: int) -> int:
         server, _thread = start_http_server(port, addr=host, registry=self.registry)

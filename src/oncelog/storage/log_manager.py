@@ -48,6 +48,7 @@ from .checkpoints import (
     read_checkpoint,
     write_checkpoint,
 )
+from .partition import Partition
 from .partition_log import PartitionLog
 
 if TYPE_CHECKING:
@@ -107,6 +108,7 @@ class LogManager:
         self._now_ms = now_ms or _now_ms
         self._fsync: bool = broker_config["oncelog.fsync.enable"]
         self._logs: dict[tuple[str, int], PartitionLog] = {}
+        self._partitions: dict[tuple[str, int], Partition] = {}
         self._checkpoint_lock = threading.Lock()
 
     @property
@@ -143,9 +145,13 @@ class LogManager:
         """Close every log (fsyncing it), write the checkpoints, then the clean-shutdown marker, last, and only
         if everything before it succeeded. Stop the flusher first."""
         ok = True
-        for plog in self._logs.values():
+        for key, plog in self._logs.items():
             try:
-                plog.close()
+                partition = self._partitions.get(key)
+                if partition is not None:
+                    partition.close()
+                else:
+                    plog.close()
             except OSError:
                 ok = False
                 log.exception("closing %s failed", plog.name)
@@ -161,6 +167,7 @@ class LogManager:
         else:
             log.warning("not marking the shutdown clean: the next start recovers the logs")
         self._logs.clear()
+        self._partitions.clear()
 
     def _load_meta_properties(self) -> None:
         path = self.data_dir / META_PROPERTIES_FILE
@@ -249,6 +256,9 @@ class LogManager:
         if self.flusher is not None:
             plog.on_dirty = self.flusher.mark_dirty
         self._logs[(meta.name, partition)] = plog
+        part = Partition(plog)
+        part.load_producer_state(self._now_ms())
+        self._partitions[(meta.name, partition)] = part
         return plog
 
     @staticmethod
@@ -312,6 +322,7 @@ class LogManager:
         except OSError as exc:
             for plog in opened:
                 self._logs.pop((name, plog.partition), None)
+                self._partitions.pop((name, plog.partition), None)
                 plog.delete()
             raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not create topic '{name}': {exc}") from exc
         self.topics[name] = meta
@@ -346,6 +357,7 @@ class LogManager:
             raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not delete topic '{name}': {exc}") from exc
         del self.topics[name]
         for p in range(meta.partitions):
+            self._partitions.pop((name, p), None)
             plog = self._logs.pop((name, p), None)
             if plog is None:
                 continue
@@ -372,6 +384,7 @@ class LogManager:
         except OSError as exc:
             for plog in opened:
                 self._logs.pop((name, plog.partition), None)
+                self._partitions.pop((name, plog.partition), None)
                 plog.delete()
             raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not add partitions to '{name}': {exc}") from exc
         meta.partitions = total
@@ -409,6 +422,24 @@ class LogManager:
     # -- logs -----------------------------------------------------------------------------------------------
     def get_log(self, topic: str, partition: int) -> PartitionLog | None:
         return self._logs.get((topic, partition))
+
+    def get_partition(self, topic: str, partition: int) -> Partition | None:
+        return self._partitions.get((topic, partition))
+
+    def all_partitions(self) -> list[Partition]:
+        return list(self._partitions.values())
+
+    def expire_producers(self, now_ms: int | None = None) -> int:
+        """Drop producer state idle longer than producer.id.expiration.ms (never with an open transaction)."""
+        now = self._now_ms() if now_ms is None else now_ms
+        limit = self.config["producer.id.expiration.ms"]
+        count = 0
+        for part in list(self._partitions.values()):
+            gone = part.expire_producers(now, limit)
+            if gone:
+                log.info("%s: expired producer state of %s", part.name, gone)
+                count += len(gone)
+        return count
 
     def all_logs(self) -> list[PartitionLog]:
         return list(self._logs.values())

@@ -89,6 +89,9 @@ class PartitionLog:
         # Hooks for the producer-state and transaction-index modules (snapshot at roll, drop with a segment).
         self.on_roll: Callable[[int], None] | None = None
         self.on_segment_deleted: Callable[[int], None] | None = None
+        # Called once before segments are deleted, so state derived from them (producer state) can be
+        # snapshotted while the data is still there.
+        self.before_delete: Callable[[], None] | None = None
         # Called (once per flush round) when the log gets something to flush; the log manager points it at
         # the flusher's mark_dirty, so acks=0/1 writes move the high watermark too.
         self.on_dirty: Callable[[PartitionLog], None] | None = None
@@ -614,14 +617,25 @@ class PartitionLog:
             except KafkaError as exc:
                 log.warning("%s: retention could not roll the active segment: %s", self.name, exc)
                 count -= 1
+        if count:
+            self._before_delete()
         for _ in range(count):
             self._delete_segment(self._segments[0])
         if count:
             self._log_start = max(self._log_start, self._segments[0].base_offset)
         return count
 
+    def _before_delete(self) -> None:
+        if self.before_delete is not None:
+            try:
+                self.before_delete()
+            except Exception:
+                log.exception("%s: before_delete hook failed", self.name)
+
     def _delete_segments_below_start(self) -> int:
         count = 0
+        if len(self._segments) > 1 and self._segments[1].base_offset <= self._log_start:
+            self._before_delete()
         while len(self._segments) > 1 and self._segments[1].base_offset <= self._log_start:
             self._delete_segment(self._segments[0])
             count += 1
@@ -663,6 +677,27 @@ class PartitionLog:
             self._release_fds()
         if failure is not None:
             raise failure
+
+    def sync_now(self) -> None:
+        """fsync everything written so far, on the calling thread. For the rare moments that need the log
+        durable up to its end before going on (a producer-state snapshot); the group-commit flusher still
+        moves the high watermark."""
+        if self._unavailable is not None:
+            raise self._error()
+        if not self.fsync_enabled:
+            return
+        try:
+            # Bookkeeping stays as it is: the flusher's next round syncs these again (cheaply) and is the one
+            # that moves the high watermark and wakes acks=all waiters.
+            for segment in {id(s): s for s in (*self._unsynced, self._segments[-1])}.values():
+                os.fdatasync(segment.fd)
+            for fd in self._pending_fds:
+                os.fsync(fd)
+            if self._dir_fd is not None:
+                os.fsync(self._dir_fd)
+        except OSError as exc:
+            self.mark_offline(f"fsync failed: {exc}")
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"fsync of {self.name} failed: {exc}") from exc
 
     def _sync_all(self) -> None:
         active = self._segments[-1]

@@ -6,7 +6,18 @@ Only APIs listed here are advertised in ApiVersions.
 from __future__ import annotations
 
 from ...protocol.apis import ApiKey
-from . import api_versions, cluster, configs, fetch, list_offsets, metadata, produce, records, topics
+from . import (
+    api_versions,
+    cluster,
+    configs,
+    fetch,
+    list_offsets,
+    metadata,
+    produce,
+    producers,
+    records,
+    topics,
+)
 
 HANDLERS = {
     ApiKey.API_VERSIONS: api_versions.handle,
@@ -22,4 +33,6 @@ HANDLERS = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.handle_incremental_alter_configs,
     ApiKey.DESCRIBE_CLUSTER: cluster.handle_describe_cluster,
     ApiKey.DESCRIBE_LOG_DIRS: cluster.handle_describe_log_dirs,
+    ApiKey.INIT_PRODUCER_ID: producers.handle_init_producer_id,
+    ApiKey.DESCRIBE_PRODUCERS: producers.handle_describe_producers,
 }

@@ -68,10 +68,11 @@ async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
             if acks not in (0, 1, -1):
                 slot.error = ErrorCode.INVALID_REQUIRED_ACKS
                 continue
-            plog = broker.logs.get_log(topic_name, index) if meta is not None else None
-            if plog is None or (meta is not None and meta.internal):
-                slot.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if plog is None else ErrorCode.INVALID_TOPIC_EXCEPTION
+            part = broker.logs.get_partition(topic_name, index) if meta is not None else None
+            if part is None or (meta is not None and meta.internal):
+                slot.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if part is None else ErrorCode.INVALID_TOPIC_EXCEPTION
                 continue
+            plog = part.log
             slot.log_start_offset = plog.log_start_offset
             result = validate_produce(
                 records, meta.config, now, partition=f"{topic_name}-{index}", api_version=ctx.api_version
@@ -84,20 +85,22 @@ async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
                 slot.message = result.message
                 continue
             header = result.header
-            try:
-                if meta.config.log_append_time:
-                    slot.log_append_time = now
-                    set_log_append_time(records, 0, header.size, now)
-                    header = read_header(records)
-                slot.base_offset = plog.append(records, header)
-            except KafkaError as exc:
-                slot.error = exc.code
-                slot.message = exc.message
+            log_append_time = meta.config.log_append_time
+            if log_append_time:
+                set_log_append_time(records, 0, header.size, now)
+                header = read_header(records)
+            appended = part.append_records(records, header, now, log_append_time)
+            slot.error, slot.message = appended.error, appended.message
+            if appended.error:
                 continue
-            metrics.bytes_in.labels(topic_name).inc(header.size)
-            metrics.messages_in.labels(topic_name).inc(header.record_count)
+            slot.base_offset = appended.base_offset
+            slot.log_append_time = appended.log_append_time
+            if not appended.duplicate:
+                metrics.bytes_in.labels(topic_name).inc(header.size)
+                metrics.messages_in.labels(topic_name).inc(header.record_count)
             if acks == -1:
-                waits.append((slot, broker.flusher.wait_durable(plog, slot.base_offset + header.last_offset_delta + 1)))
+                # A duplicate's original may still be on its way to disk: wait for it just the same.
+                waits.append((slot, broker.flusher.wait_durable(plog, appended.last_offset + 1)))
     for _, slots in topics:
         failed = failed or any(s.error for s in slots)
     if acks == 0:

@@ -1,0 +1,56 @@
+"""InitProducerId (idempotent producers) and DescribeProducers (KIP-664)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ...errors import ErrorCode, KafkaError
+from ...protocol.apis import ApiKey
+from ...protocol.messages import decode_request, encode_response
+
+if TYPE_CHECKING:
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+
+async def handle_init_producer_id(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.INIT_PRODUCER_ID, ctx.api_version, body)
+    data = {"throttle_time_ms": 0, "error_code": 0, "producer_id": -1, "producer_epoch": -1}
+    if ctx.api_version >= 3 and (req.producer_id == -1) != (req.producer_epoch == -1):
+        data["error_code"] = ErrorCode.INVALID_REQUEST
+    elif req.transactional_id is not None:
+        result = await broker.init_transactional_producer(req, ctx.api_version)
+        data.update(result)
+    else:
+        # Idempotent producers: a fresh id with epoch 0. The broker keeps no per-id state here;
+        # an idempotent client bumps its own epoch afterwards, and partitions accept that.
+        try:
+            data["producer_id"] = broker.producer_ids.next_id()
+            data["producer_epoch"] = 0
+        except KafkaError as exc:
+            data["error_code"] = exc.code
+    return encode_response(ApiKey.INIT_PRODUCER_ID, ctx.api_version, data)
+
+
+async def handle_describe_producers(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.DESCRIBE_PRODUCERS, ctx.api_version, body)
+    topics = []
+    for t in req.topics:
+        parts = []
+        for index in t.partition_indexes:
+            out = {"partition_index": index, "error_code": 0, "error_message": None, "active_producers": []}
+            part = broker.logs.get_partition(t.name, index)
+            if part is None:
+                out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            else:
+                out["active_producers"] = [
+                    {
+                        "producer_id": e.producer_id, "producer_epoch": e.epoch, "last_sequence": e.last_seq,
+                        "last_timestamp": e.last_timestamp, "coordinator_epoch": e.coordinator_epoch,
+                        "current_txn_start_offset": e.current_txn_first_offset,
+                    }
+                    for e in part.producers.entries.values()
+                ]
+            parts.append(out)
+        topics.append({"name": t.name, "partitions": parts})
+    return encode_response(ApiKey.DESCRIBE_PRODUCERS, ctx.api_version, {"throttle_time_ms": 0, "topics": topics})

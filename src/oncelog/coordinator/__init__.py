@@ -1,0 +1,1 @@
+"""Coordinators: transactions (`txn/`) and consumer groups (`group/`)."""

@@ -1,0 +1,1 @@
+"""The transaction coordinator: producer ids, transactional ids, the transaction log."""

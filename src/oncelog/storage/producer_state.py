@@ -1,0 +1,305 @@
+"""Producer state of one partition: the seeds' broker-side rules, in one place.
+
+For every producer id that wrote to the partition we keep its epoch and its last
+`max_batches` batches (sequence range, offsets, timestamp). An incoming batch is
+checked in Kafka's order, with the seeds' changes:
+
+1. exact duplicate of a cached batch (same epoch, same first and last sequence) →
+   NONE with the original offsets, nothing appended;
+2. epoch older than the producer's → INVALID_PRODUCER_EPOCH;
+3. same epoch, the whole batch within DUPLICATE_WINDOW sequences behind the last one
+   (wrap-aware) but no longer cached → DUPLICATE_SEQUENCE_NUMBER, nothing appended
+   (KAFKA-12207; clients count it as delivered with an unknown offset);
+4. higher epoch: sequence must be 0; same epoch: last + 1, or 0 after 2^31-1 (the wrap
+   real clients still use) → else OUT_OF_ORDER_SEQUENCE_NUMBER;
+5. no state for the producer id: sequence 0 starts one; anything else →
+   UNKNOWN_PRODUCER_ID, answered with the log start offset so the client can tell
+   retention from data loss (the spurious-OutOfOrderSequence note).
+
+State outlives the log data it came from (KIP-360): moving the log start offset never
+drops a producer; only `producer.id.expiration.ms` of idleness does, and never while a
+transaction is open. Snapshots keep every cached batch of every producer, so duplicate
+detection after a restart is as good as before it (Kafka keeps only the last batch).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import crc32c
+
+from ..errors import ErrorCode
+from ..records.batch import BatchHeader
+from .checkpoints import atomic_write
+
+log = logging.getLogger(__name__)
+
+SEQUENCE_SPACE = 0x80000000  # sequences run 0 .. 2^31-1, then wrap to 0
+DUPLICATE_WINDOW = 1000
+SNAPSHOT_SUFFIX = ".snapshot"
+# Kafka's producer snapshot is version 1 and holds one batch per producer. Version 2 is
+# oncelog's: every cached batch, the broker-time of the last append, the last epoch.
+SNAPSHOT_VERSION = 2
+SNAPSHOTS_KEPT = 3
+
+
+@dataclass(slots=True)
+class CachedBatch:
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+    max_timestamp: int
+
+
+@dataclass(slots=True)
+class ProducerEntry:
+    producer_id: int
+    epoch: int = -1
+    coordinator_epoch: int = -1
+    last_timestamp: int = -1  # max record timestamp of the last batch (what DescribeProducers shows)
+    last_append_ms: int = -1  # broker clock at the last append or marker: what expiry measures
+    current_txn_first_offset: int = -1
+    batches: deque[CachedBatch] = field(default_factory=deque)
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else -1
+
+    @property
+    def last_offset(self) -> int:
+        return self.batches[-1].last_offset if self.batches else -1
+
+
+@dataclass(slots=True)
+class ProducerCheck:
+    """The verdict on one batch. `duplicate` is set when rule 1 answers with the original batch."""
+
+    error: ErrorCode = ErrorCode.NONE
+    message: str | None = None
+    duplicate: CachedBatch | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error == ErrorCode.NONE and self.duplicate is None
+
+
+_OK = ProducerCheck()
+
+
+def _behind(last: int, seq: int) -> int:
+    """How many sequences `seq` lies behind `last`, modulo the wrap."""
+    return (last - seq) % SEQUENCE_SPACE
+
+
+class ProducerStateManager:
+    def __init__(self, directory: str | os.PathLike, name: str, max_batches: int = 5) -> None:
+        self.directory = Path(directory)
+        self.name = name
+        self.max_batches = max_batches
+        self.entries: dict[int, ProducerEntry] = {}
+        # Counters for metrics: how each rule fired.
+        self.stats = {"duplicates_cached": 0, "duplicates_window": 0, "unknown_producer": 0,
+                      "out_of_order": 0, "fenced_epoch": 0}
+
+    # -- the append rules -------------------------------------------------------------------------------
+    def check(self, header: BatchHeader) -> ProducerCheck:
+        """Decide on a client batch; changes nothing. Call `record` after the append succeeded."""
+        pid = header.producer_id
+        if pid < 0:
+            return _OK
+        entry = self.entries.get(pid)
+        epoch = header.producer_epoch
+        first = header.base_sequence
+        last = header.last_sequence
+        if entry is None:
+            if first == 0:
+                return _OK
+            self.stats["unknown_producer"] += 1
+            return ProducerCheck(
+                ErrorCode.UNKNOWN_PRODUCER_ID,
+                f"{self.name} has no state for producer {pid} and the batch starts at sequence {first}, not 0",
+            )
+        if epoch == entry.epoch:
+            for cached in entry.batches:
+                if cached.first_seq == first and cached.last_seq == last:
+                    self.stats["duplicates_cached"] += 1
+                    return ProducerCheck(duplicate=cached)
+        if epoch < entry.epoch:
+            self.stats["fenced_epoch"] += 1
+            return ProducerCheck(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"Producer {pid} epoch {epoch} is older than the current epoch {entry.epoch} on {self.name}",
+            )
+        if epoch > entry.epoch:
+            if first == 0:
+                return _OK
+            self.stats["out_of_order"] += 1
+            return ProducerCheck(
+                ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+                f"Producer {pid} moved to epoch {epoch} on {self.name}; its first batch must have sequence 0, "
+                f"not {first}",
+            )
+        last_seq = entry.last_seq
+        if last_seq >= 0:
+            if first == (last_seq + 1) % SEQUENCE_SPACE:
+                return _OK
+            if _behind(last_seq, first) < DUPLICATE_WINDOW and _behind(last_seq, last) < DUPLICATE_WINDOW \
+                    and _behind(last, first) < SEQUENCE_SPACE // 2:
+                self.stats["duplicates_window"] += 1
+                return ProducerCheck(
+                    ErrorCode.DUPLICATE_SEQUENCE_NUMBER,
+                    f"Sequences {first}..{last} of producer {pid} were already written to {self.name} "
+                    f"(last sequence {last_seq})",
+                )
+        elif first == 0:
+            return _OK
+        self.stats["out_of_order"] += 1
+        return ProducerCheck(
+            ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER,
+            f"Out of order sequence for producer {pid} at epoch {epoch} on {self.name}: expected "
+            f"{(last_seq + 1) % SEQUENCE_SPACE}, got {first}",
+        )
+
+    def record(self, header: BatchHeader, base_offset: int, now_ms: int) -> None:
+        """Account for a batch that is now in the log (a client append, or a replay at recovery)."""
+        pid = header.producer_id
+        if pid < 0:
+            return
+        entry = self.entries.get(pid)
+        if entry is None:
+            entry = self.entries[pid] = ProducerEntry(pid)
+        if header.producer_epoch != entry.epoch:
+            entry.epoch = header.producer_epoch
+            entry.batches.clear()
+        last_offset = base_offset + header.last_offset_delta
+        if header.base_sequence >= 0:
+            entry.batches.append(CachedBatch(
+                header.base_sequence, header.last_sequence, base_offset, last_offset, header.max_timestamp
+            ))
+            while len(entry.batches) > self.max_batches:
+                entry.batches.popleft()
+        entry.last_timestamp = header.max_timestamp
+        entry.last_append_ms = now_ms
+        if header.is_transactional and entry.current_txn_first_offset < 0:
+            entry.current_txn_first_offset = base_offset
+
+    # -- expiry -----------------------------------------------------------------------------------------
+    def expire(self, now_ms: int, expiration_ms: int) -> list[int]:
+        """Forget producers idle longer than `expiration_ms` with no open transaction."""
+        gone = [
+            pid for pid, e in self.entries.items()
+            if e.current_txn_first_offset < 0 and now_ms - e.last_append_ms >= expiration_ms
+        ]
+        for pid in gone:
+            del self.entries[pid]
+        return gone
+
+    # -- snapshots --------------------------------------------------------------------------------------
+    def snapshot_path(self, offset: int) -> Path:
+        return self.directory / f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+    def list_snapshots(self) -> list[int]:
+        offsets = []
+        for entry in os.scandir(self.directory):
+            if entry.name.endswith(SNAPSHOT_SUFFIX) and entry.name[:-len(SNAPSHOT_SUFFIX)].isdigit():
+                offsets.append(int(entry.name[: -len(SNAPSHOT_SUFFIX)]))
+        return sorted(offsets)
+
+    def write_snapshot(self, offset: int) -> None:
+        """Persist the state as of log offset `offset` (the caller made the log durable up to it)."""
+        atomic_write(self.snapshot_path(offset), encode_snapshot(self.entries.values()))
+        for old in self.list_snapshots()[:-SNAPSHOTS_KEPT]:
+            try:
+                self.snapshot_path(old).unlink()
+            except OSError:
+                pass
+
+    def load_latest_snapshot(self, max_offset: int) -> int | None:
+        """Load the newest readable snapshot at or below `max_offset`; return its offset.
+
+        Snapshots above `max_offset` describe data a crash took away; corrupt ones are
+        skipped (and removed) in favour of an older one.
+        """
+        for offset in reversed(self.list_snapshots()):
+            path = self.snapshot_path(offset)
+            if offset > max_offset:
+                log.info("%s: dropping snapshot %s above the log end %d", self.name, path.name, max_offset)
+                path.unlink(missing_ok=True)
+                continue
+            try:
+                entries = decode_snapshot(path.read_bytes(), self.max_batches)
+            except (OSError, ValueError) as exc:
+                log.warning("%s: snapshot %s unusable (%s); trying an older one", self.name, path.name, exc)
+                path.unlink(missing_ok=True)
+                continue
+            self.entries = {e.producer_id: e for e in entries}
+            return offset
+        self.entries = {}
+        return None
+
+
+# -- snapshot format ----------------------------------------------------------------------------------------
+# int16 version, uint32 crc32c of the rest, int32 count, then per producer:
+#   int64 pid, int16 epoch, int32 coordinator epoch, int64 last timestamp, int64 last append ms,
+#   int64 txn first offset, int32 batch count, then per batch:
+#   int32 first seq, int32 last seq, int64 first offset, int64 last offset, int64 max timestamp
+_HEAD = struct.Struct(">hI")
+_COUNT = struct.Struct(">i")
+_ENTRY = struct.Struct(">qhiqqqi")
+_BATCH = struct.Struct(">iiqqq")
+
+
+def encode_snapshot(entries: Iterable[ProducerEntry]) -> bytes:
+    body = bytearray()
+    items = list(entries)
+    body += _COUNT.pack(len(items))
+    for e in items:
+        body += _ENTRY.pack(e.producer_id, e.epoch, e.coordinator_epoch, e.last_timestamp, e.last_append_ms,
+                            e.current_txn_first_offset, len(e.batches))
+        for b in e.batches:
+            body += _BATCH.pack(b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.max_timestamp)
+    return _HEAD.pack(SNAPSHOT_VERSION, crc32c.crc32c(bytes(body))) + bytes(body)
+
+
+def decode_snapshot(data: bytes, max_batches: int = 5) -> list[ProducerEntry]:
+    """Parse a snapshot; ValueError on any damage (bad CRC, truncation, trailing bytes)."""
+    if len(data) < _HEAD.size + _COUNT.size:
+        raise ValueError("snapshot too short")
+    version, crc = _HEAD.unpack_from(data, 0)
+    if version != SNAPSHOT_VERSION:
+        raise ValueError(f"unknown snapshot version {version}")
+    body = memoryview(data)[_HEAD.size:]
+    if crc32c.crc32c(body) != crc:
+        raise ValueError("snapshot CRC mismatch")
+    return list(_iter_entries(body, max_batches))
+
+
+def _iter_entries(body: memoryview, max_batches: int) -> Iterator[ProducerEntry]:
+    try:
+        (count,) = _COUNT.unpack_from(body, 0)
+        pos = _COUNT.size
+        if count < 0 or count * _ENTRY.size > len(body):
+            raise ValueError("impossible producer count")
+        for _ in range(count):
+            pid, epoch, coord, last_ts, last_append, txn_first, nbatches = _ENTRY.unpack_from(body, pos)
+            pos += _ENTRY.size
+            if nbatches < 0 or pos + nbatches * _BATCH.size > len(body):
+                raise ValueError("impossible batch count")
+            batches: deque[CachedBatch] = deque()
+            for _ in range(nbatches):
+                batches.append(CachedBatch(*_BATCH.unpack_from(body, pos)))
+                pos += _BATCH.size
+            while len(batches) > max_batches:
+                batches.popleft()
+            yield ProducerEntry(pid, epoch, coord, last_ts, last_append, txn_first, batches)
+        if pos != len(body):
+            raise ValueError("trailing bytes in snapshot")
+    except struct.error as exc:
+        raise ValueError(f"truncated snapshot: {exc}") from None
