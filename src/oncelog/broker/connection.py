@@ -68,6 +68,8 @@ class Connection(asyncio.BufferedProtocol):
         self._can_write.set()
         self._reading_paused = False
         self.closed = False
+        # Last fetch offset per partition, so records out can be counted when the next fetch moves past them.
+        self.fetch_positions: dict[tuple[str, int], int] = {}
         self.last_active = time.monotonic()
         self.max_frame = broker.config["socket.request.max.bytes"]
         self.max_queued = broker.config["queued.max.requests"]

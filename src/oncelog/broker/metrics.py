@@ -77,7 +77,7 @@ class BrokerMetrics:
         self.bytes_out = Counter("oncelog_bytes_out", "Record bytes sent to consumers", ["topic"], registry=r)
         self.messages_out = Counter(
             "oncelog_messages_out",
-            "Records sent to consumers (offsets covered by fetch responses that ended at a batch boundary)",
+            "Records delivered to consumers, counted when a consumer's next fetch moves past them",
             ["topic"], registry=r,
         )
         self.requests = Counter("oncelog_requests", "Requests answered", ["api"], registry=r)

@@ -216,6 +216,11 @@ class OffsetIndex(_IndexFile):
             return self.base_offset, 0
         return self.base_offset + self._rel[i], self._pos[i]
 
+    def floor_position(self, position: int) -> int:
+        """The position of the last indexed batch that starts at or before `position` (0 if none)."""
+        i = bisect_right(self._pos, position) - 1
+        return self._pos[i] if i >= 0 else 0
+
     @property
     def last_entry(self) -> tuple[int, int] | None:
         if not self._rel:

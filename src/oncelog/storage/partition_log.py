@@ -427,8 +427,13 @@ class PartitionLog:
                     continue
                 position, header = found
                 end = self._end_position(segment, upper_bound)
-                limit = max(max_bytes, header.length + LOG_OVERHEAD) if min_one_batch else max_bytes
+                first_size = header.length + LOG_OVERHEAD
+                limit = max(max_bytes, first_size) if min_one_batch else max_bytes
                 length = min(end - position, limit)
+                if length < end - position and length > first_size:
+                    # Cut at a batch boundary rather than mid-batch: a partial batch costs the consumer a
+                    # second fetch of bytes it already received.
+                    length = segment.whole_batches_end(position, position + length) - position
                 if length <= 0:
                     return ReadResult(header.base_offset)
                 if length <= INLINE_READ_MAX:

@@ -306,6 +306,16 @@ class LogSegment:
                 return pos, header
         return None
 
+    def whole_batches_end(self, start: int, limit: int) -> int:
+        """The end of the last whole batch that starts at or after `start` and ends at or before `limit`
+        (`start` itself if none fits). Scans from the index entry just before `limit`, so it reads at most
+        about one index interval of headers."""
+        scan_from = max(start, self.offset_index.floor_position(limit))
+        end = scan_from if scan_from > start else start
+        for pos, header, _ in scan_batches(self.fd, scan_from, limit, self._seek_chunk):
+            end = pos + header.length + LOG_OVERHEAD
+        return end
+
     def find_timestamp(self, timestamp: int, min_offset: int) -> tuple[int, int] | None:
         """(offset, max timestamp) of the first batch at or after `min_offset` whose max timestamp is >=
         `timestamp`; the offset is the batch's base offset (clamped to `min_offset`)."""

@@ -34,12 +34,13 @@ def _as_piece(result: Any) -> Any:
     return FileRegion(result.fd, result.position, result.length)
 
 
-def _read_all(broker: Broker, req: Any) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
+def _read_all(broker: Broker, req: Any, conn: Any) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
     budget = min(req.max_bytes if req.max_bytes > 0 else broker.config["fetch.max.bytes"], broker.config["fetch.max.bytes"])
     total = 0
     has_error = False
     topics: list[tuple[str, list[FetchPartitionResponse]]] = []
     metrics = broker.metrics
+    consumed = conn.fetch_positions
     for topic in req.topics:
         parts: list[FetchPartitionResponse] = []
         topics.append((topic.name, parts))
@@ -49,6 +50,12 @@ def _read_all(broker: Broker, req: Any) -> tuple[list[tuple[str, list[FetchParti
                 has_error = True
                 parts.append(_error_partition(fp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 continue
+            key = (topic.name, fp.partition)
+            previous = consumed.get(key)
+            if previous is not None and fp.fetch_offset > previous:
+                # The consumer asks for what follows what it got: those records were delivered.
+                metrics.messages_out.labels(topic.name).inc(fp.fetch_offset - previous)
+            consumed[key] = fp.fetch_offset
             hwm = plog.high_watermark
             lso = plog.last_stable_offset if hasattr(plog, "last_stable_offset") else hwm
             upper = lso if req.isolation_level == READ_COMMITTED else hwm
@@ -116,7 +123,7 @@ async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
     deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
     keys = [(t.name, p.partition) for t in req.topics for p in t.partitions]
     while True:
-        topics, total, has_error = _read_all(broker, req)
+        topics, total, has_error = _read_all(broker, req, ctx.connection)
         remaining = deadline - loop.time()
         if total >= req.min_bytes or has_error or remaining <= 0 or ctx.connection.closed or not keys:
             break
