@@ -127,17 +127,27 @@ def api_versions_ok(bootstrap: str, timeout: float = 10.0) -> bool:
     return resp.error_code == 0 and any(k.api_key == 0 for k in resp.api_keys)
 
 
-def produce_raw(wire: Wire, topic: str, partition: int, batch: bytes | bytearray | None, *, acks: int = -1,
-                version: int = 9, timeout_ms: int = 10000) -> Any:
-    """One Produce request with one partition's records; returns that partition's response."""
+def produce_request(topic: str, partition: int, batch: bytes | bytearray | None, *, acks: int = -1,
+                    version: int = 9, timeout_ms: int = 10000) -> Any:
     from kafka.protocol.producer import ProduceRequest
 
     req = ProduceRequest[version]
     td = req.TopicProduceData
     pd = td.PartitionProduceData
     records = None if batch is None else bytes(batch)
-    message = req(transactional_id=None, acks=acks, timeout_ms=timeout_ms,
-                  topic_data=[td(name=topic, partition_data=[pd(index=partition, records=records)])])
+    return req(transactional_id=None, acks=acks, timeout_ms=timeout_ms,
+               topic_data=[td(name=topic, partition_data=[pd(index=partition, records=records)])])
+
+
+def encode_framed(message: Any, version: int, correlation_id: int = 1, client_id: str = "wire-test") -> bytes:
+    message.with_header(correlation_id=correlation_id, client_id=client_id)
+    return bytes(message.encode(version=version, header=True, framed=True))
+
+
+def produce_raw(wire: Wire, topic: str, partition: int, batch: bytes | bytearray | None, *, acks: int = -1,
+                version: int = 9, timeout_ms: int = 10000) -> Any:
+    """One Produce request with one partition's records; returns that partition's response."""
+    message = produce_request(topic, partition, batch, acks=acks, version=version, timeout_ms=timeout_ms)
     resp = wire.request(message, version, expect_response=acks != 0)
     if resp is None:
         return None

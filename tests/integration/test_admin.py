@@ -420,10 +420,6 @@ def test_list_offsets_one_record_per_batch(module_broker, topic_name):
         consumer.close()
 
 
-@pytest.mark.xfail(reason="broker bug: ListOffsets by timestamp / max timestamp answers with batch granularity "
-                          "(base offset and batch max timestamp; last offset of the batch) instead of the "
-                          "exact record Kafka returns (PartitionLog.offset_for_timestamp / max_timestamp)",
-                   strict=True)
 def test_list_offsets_within_one_batch(module_broker, topic_name):
     bs = module_broker.bootstrap
     create_topic(bs, topic_name, 1)
@@ -533,3 +529,45 @@ def test_topics_and_configs_survive_restart(broker_factory, topic_name, clean):
     broker.restart(clean=clean)
     assert f"{topic_name}-b" not in topic_partitions(bs)
     assert topic_partitions(bs)[topic_name] == 4
+
+
+def test_auto_create_disabled(broker_factory, topic_name):
+    from kafka.protocol.metadata import MetadataRequest
+
+    broker = broker_factory({"auto.create.topics.enable": "false"})
+    bs = broker.bootstrap
+    with Wire(bs) as w:
+        req = MetadataRequest[9]
+        resp = w.request(req(topics=[req.MetadataRequestTopic(name=topic_name)], allow_auto_topic_creation=True,
+                             include_topic_authorized_operations=False,
+                             include_cluster_authorized_operations=False), 9)
+    assert [(t.name, t.error_code) for t in resp.topics] == [(topic_name, UNKNOWN_TOPIC_OR_PARTITION)]
+    assert topic_name not in topic_partitions(bs)
+    errors = []
+    producer = Producer({"bootstrap.servers": bs, "enable.idempotence": False, "message.timeout.ms": 2000})
+    producer.produce(topic_name, value=b"v", on_delivery=lambda err, msg: errors.append(err))
+    producer.flush(10)
+    assert len(errors) == 1 and errors[0] is not None
+    assert topic_name not in topic_partitions(bs)
+
+
+def test_auto_create_enabled(module_broker, topic_name):
+    from kafka.protocol.metadata import MetadataRequest
+
+    bs = module_broker.bootstrap
+    with Wire(bs) as w:
+        req = MetadataRequest[9]
+
+        def ask(allow: bool, name: str):
+            resp = w.request(req(topics=[req.MetadataRequestTopic(name=name)], allow_auto_topic_creation=allow,
+                                 include_topic_authorized_operations=False,
+                                 include_cluster_authorized_operations=False), 9)
+            (t,) = resp.topics
+            return t.error_code, len(t.partitions)
+
+        assert ask(False, topic_name) == (UNKNOWN_TOPIC_OR_PARTITION, 0)
+        assert topic_name not in topic_partitions(bs)
+        assert ask(True, topic_name) == (0, 1)
+        assert ask(False, topic_name) == (0, 1)
+        assert ask(True, "bad name") == (INVALID_TOPIC_EXCEPTION, 0)
+    assert topic_partitions(bs)[topic_name] == 1

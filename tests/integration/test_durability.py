@@ -98,7 +98,9 @@ class AcksAllProducer(threading.Thread):
         self.producer.flush(90)
 
 
-def test_sigkill_while_producing_acks_all(broker_factory, topic_name):
+@pytest.mark.parametrize("how", ["sigkill", "sigterm"])
+def test_restarts_while_producing_acks_all(broker_factory, topic_name, how):
+    """SIGKILL (crash) or SIGTERM (clean shutdown under load) several times while a producer sends."""
     partitions = 4
     broker = broker_factory()
     bs = broker.bootstrap
@@ -113,7 +115,12 @@ def test_sigkill_while_producing_acks_all(broker_factory, topic_name):
             wait_until(lambda seen=seen: producer.acked_count() >= seen + 300, timeout=60,
                        what="the producer to make progress")
             time.sleep(random.uniform(0, 0.2))
-            broker.kill()
+            if how == "sigkill":
+                broker.kill()
+            else:
+                started = time.monotonic()
+                assert broker.stop(timeout=20) == 0
+                assert time.monotonic() - started < 10, "clean shutdown under load took too long"
             time.sleep(0.3)
             broker.start()
             assert broker.bootstrap == bs
@@ -149,7 +156,10 @@ def test_sigkill_while_producing_acks_all(broker_factory, topic_name):
     # A clean restart serves exactly the same log.
     broker.restart(clean=True)
     assert ck_consume(bs, topic_name, starts, timeout=60) == first
-    assert "Traceback" not in broker.log_tail(400)
+    log = broker.log_tail(100000)
+    assert "Traceback" not in log
+    if how == "sigterm":
+        assert log.count("broker stopped cleanly") == kills + 1
 
 
 # -- retention --------------------------------------------------------------------------------------------
@@ -216,6 +226,58 @@ def test_retention_by_time(broker_factory, topic_name, restart):
     # The old (expired) timestamps are gone for good; fresh records still append after the end.
     assert _produce_batches(bs, topic_name, [_batch(now, 20)]) == [20]
     assert _offsets(bs, topic_name) == (10, 21)
+
+
+def test_retention_expires_everything(broker_factory, topic_name):
+    """When every segment is past retention.ms the active one goes too: the log is empty at its old end."""
+    broker = broker_factory({"log.retention.check.interval.ms": 100})
+    bs = broker.bootstrap
+    create_topic(bs, topic_name, 1, {"segment.bytes": str(3 * len(_batch(0, 0))), "retention.ms": "60000"})
+    old = int(time.time() * 1000) - 3600 * 1000
+    assert _produce_batches(bs, topic_name, [_batch(old + i, i) for i in range(7)]) == list(range(7))
+    wait_until(lambda: _offsets(bs, topic_name) == (7, 7), what="retention to empty the log")
+    assert ck_consume(bs, topic_name, {0: 7}) == []
+    now = int(time.time() * 1000)
+    assert _produce_batches(bs, topic_name, [_batch(now, 7)]) == [7]
+    time.sleep(0.4)
+    assert _offsets(bs, topic_name) == (7, 8)
+    broker.restart(clean=False)
+    assert _offsets(bs, topic_name) == (7, 8)
+    assert _values(ck_consume(bs, topic_name, {0: 7})) == [(7, b"key-007")]
+
+
+def test_consumer_rides_through_a_broker_restart(broker_factory, topic_name):
+    """An assigned librdkafka consumer keeps its position across a SIGKILL and restart of the broker and
+    reads on without gaps or repeats."""
+    broker = broker_factory()
+    bs = broker.bootstrap
+    create_topic(bs, topic_name, 1)
+    first = [Out(0, b"k", b"before-%d" % i) for i in range(20)]
+    ck_produce(bs, topic_name, first)
+    consumer = Consumer({"bootstrap.servers": bs, "group.id": "x", "enable.auto.commit": False,
+                         "metadata.recovery.strategy": "none", "reconnect.backoff.ms": 20,
+                         "reconnect.backoff.max.ms": 200, "auto.offset.reset": "error"})
+    seen: list[tuple[int, bytes]] = []
+
+    def read_until(n: int) -> None:
+        deadline = time.monotonic() + 30
+        while len(seen) < n and time.monotonic() < deadline:
+            msg = consumer.poll(0.2)
+            if msg is not None and msg.error() is None:
+                seen.append((msg.offset(), msg.value()))
+
+    try:
+        consumer.assign([TopicPartition(topic_name, 0, 0)])
+        read_until(20)
+        broker.kill()
+        time.sleep(0.3)
+        broker.start()
+        second = [Out(0, b"k", b"after-%d" % i) for i in range(20)]
+        ck_produce(bs, topic_name, second)
+        read_until(40)
+    finally:
+        consumer.close()
+    assert seen == [(i, b"before-%d" % i) for i in range(20)] + [(20 + i, b"after-%d" % i) for i in range(20)]
 
 
 def _reset_error(bs: str, topic: str, offset: int) -> int:
@@ -338,3 +400,49 @@ def test_delete_records_errors(module_broker, topic_name):
 
     assert code(f"{topic_name}-c", 0, 1) == POLICY_VIOLATION
     assert _offsets(bs, f"{topic_name}-c") == (0, 1)
+
+
+# -- a torn tail after a crash ----------------------------------------------------------------------------
+
+
+def _torn_tail(kind: str, now: int) -> bytes:
+    whole = bytes(build_batch([(b"torn", b"t" * 500, (), now)], base_offset=10))
+    if kind == "partial-header":
+        return whole[:30]
+    if kind == "partial-batch":
+        return whole[: len(whole) - 100]
+    if kind == "bad-crc":
+        damaged = bytearray(whole)
+        damaged[-10] ^= 0xFF
+        return bytes(damaged)
+    assert kind == "zeros"
+    return b"\0" * 4096
+
+
+@pytest.mark.parametrize("kind", ["partial-header", "partial-batch", "bad-crc", "zeros"])
+def test_torn_tail_is_truncated_on_recovery(broker_factory, topic_name, kind):
+    """What a crash can leave after the last complete batch (a partial write, a torn page, preallocated
+    zeros) is cut off on restart; the intact records are served and appends continue after them."""
+    broker = broker_factory()
+    bs = broker.bootstrap
+    create_topic(bs, topic_name, 1)
+    now = int(time.time() * 1000)
+    assert _produce_batches(bs, topic_name, [_batch(now + i, i) for i in range(10)]) == list(range(10))
+    log_file = broker.data_dir / f"{topic_name}-0" / "00000000000000000000.log"
+    good_size = log_file.stat().st_size
+    assert good_size == 10 * len(_batch(0, 0))
+    broker.kill()
+    with open(log_file, "ab") as f:
+        f.write(_torn_tail(kind, now))
+    broker.start()
+    assert _offsets(bs, topic_name) == (0, 10)
+    want = [(o, b"key-%03d" % o) for o in range(10)]
+    assert _values(ck_consume(bs, topic_name, {0: 0})) == want
+    assert log_file.stat().st_size == good_size
+    assert _produce_batches(bs, topic_name, [_batch(now + 10, 10)]) == [10]
+    assert _values(ck_consume(bs, topic_name, {0: 0})) == [*want, (10, b"key-010")]
+    with Wire(bs) as w:  # the time index was rebuilt too
+        assert list_offset_raw(w, topic_name, 0, now + 5)[:2] == (0, 5)
+        assert list_offset_raw(w, topic_name, 0, now + 10)[:2] == (0, 10)
+    broker.restart(clean=False)
+    assert _values(ck_consume(bs, topic_name, {0: 0})) == [*want, (10, b"key-010")]

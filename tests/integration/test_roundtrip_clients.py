@@ -11,26 +11,33 @@ from __future__ import annotations
 import os
 import random
 import string
+import threading
 import time
 
 import pytest
 from confluent_kafka import Consumer, TopicPartition
+from kafka.protocol.consumer import FetchRequest
 from tests.integration.helpers import (
     Out,
     Rec,
+    Wire,
     aio_consume,
     aio_produce,
     ck_consume,
     ck_produce,
     create_topic,
     expected_records,
+    fetch_raw,
     in_log_order,
     kcat_consume,
     kcat_produce,
     kp_consume,
     kp_produce,
+    produce_raw,
     wait_until,
 )
+
+from oncelog.records.builder import build_batch
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 BASE_TS = 1_700_000_000_000
@@ -290,3 +297,74 @@ def test_consumer_waits_for_new_records(module_broker, topic_name):
     assert msg is not None and msg.error() is None
     assert (msg.offset(), msg.key(), msg.value()) == (0, b"late", b"arrival")
     assert elapsed < 3.0, f"the long poll answered after {elapsed:.1f}s, not when the record arrived"
+
+
+def test_concurrent_producers_one_partition(module_broker, topic_name):
+    """Several producers (connections) appending to one partition at once, acks=all and acks=1 mixed: every
+    record gets its own offset, the offsets form one gap-free run, and each producer's records keep its order."""
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 1)
+    results: dict[int, list[tuple[int, int]]] = {}
+    outs = {n: [Out(0, b"producer-%d" % n, b"%d-%04d" % (n, i)) for i in range(300)] for n in range(4)}
+
+    def run(n: int) -> None:
+        results[n] = ck_produce(bs, topic_name, outs[n], acks="all" if n % 2 else "1", **{"linger.ms": n})
+
+    threads = [threading.Thread(target=run, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(results) == [0, 1, 2, 3]
+    offsets = sorted(o for acked in results.values() for _, o in acked)
+    assert offsets == list(range(1200))
+    for n, acked in results.items():
+        assert [o for _, o in acked] == sorted(o for _, o in acked), f"producer {n} reordered"
+    got = ck_consume(bs, topic_name, {0: 0})
+    by_offset = {r.offset: (r.key, r.value) for r in got}
+    assert len(got) == 1200
+    for n, acked in results.items():
+        assert [by_offset[o] for _, o in acked] == [(out.key, out.value) for out in outs[n]]
+
+
+def test_fetch_size_limits(module_broker, topic_name):
+    """Raw Fetch: whole batches within partition_max_bytes and max_bytes, at least one batch (KIP-74),
+    an empty answer at the high watermark and OFFSET_OUT_OF_RANGE past it."""
+
+
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 2)
+    with Wire(bs) as w:
+        batch_size = len(build_batch([(b"k", b"x" * 1000)]))
+        for p in (0, 1):
+            for i in range(5):
+                part = produce_raw(w, topic_name, p, build_batch([(b"k", b"x" * 999 + b"%d" % i)]))
+                assert (part.error_code, part.base_offset) == (0, i)
+        for limit, batches in ((10, 1), (batch_size - 1, 1), (batch_size, 1), (2 * batch_size + 5, 2),
+                               (10 * batch_size, 5)):
+            part = fetch_raw(w, topic_name, 0, 0, max_bytes=limit)
+            assert (part.error_code, part.high_watermark, len(part.records)) == (0, 5, batches * batch_size)
+        part = fetch_raw(w, topic_name, 0, 3, max_bytes=10 * batch_size)
+        assert len(part.records) == 2 * batch_size
+        part = fetch_raw(w, topic_name, 0, 5)
+        assert (part.error_code, part.records) == (0, b"")
+        part = fetch_raw(w, topic_name, 0, 6)
+        assert (part.error_code, part.high_watermark, part.log_start_offset) == (1, 5, 0)
+        # The response limit spans partitions; the first partition still gets a batch when it alone is larger.
+        req = FetchRequest[11]
+        ft = req.FetchTopic
+        fp = ft.FetchPartition
+
+        def both(max_bytes: int) -> list[int]:
+            resp = w.request(req(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=max_bytes, isolation_level=0,
+                                 session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+                                 topics=[ft(topic=topic_name, partitions=[
+                                     fp(partition=p, fetch_offset=0, log_start_offset=-1, partition_max_bytes=1 << 20,
+                                        current_leader_epoch=-1) for p in (0, 1)])]), 11)
+            (t,) = resp.responses
+            assert [p.error_code for p in t.partitions] == [0, 0]
+            return [len(p.records or b"") for p in t.partitions]
+
+        assert both(1 << 20) == [5 * batch_size, 5 * batch_size]
+        assert both(7 * batch_size) == [5 * batch_size, 2 * batch_size]
+        assert both(10) == [batch_size, 0]

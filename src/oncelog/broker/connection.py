@@ -26,6 +26,7 @@ log = logging.getLogger("oncelog.connection")
 _SIZE = struct.Struct(">i")
 _RECV_BUFFER = 256 * 1024
 _SMALL_SEND = 64 * 1024
+_CLOSE = object()  # a place in the response queue where the connection ends
 
 
 class FileRegion:
@@ -68,8 +69,16 @@ class Connection(asyncio.BufferedProtocol):
         self._can_write.set()
         self._reading_paused = False
         self.closed = False
+        # Set when the connection must end after the answers already owed are sent: later requests are
+        # neither read nor processed.
+        self.closing = False
+        # Requests are numbered as they arrive; those after `close_at` are dropped unprocessed.
+        self.received = 0
+        self.close_at: int | None = None
         # Last fetch offset per partition, so records out can be counted when the next fetch moves past them.
         self.fetch_positions: dict[tuple[str, int], int] = {}
+        # What the client said it is in ApiVersions v3+ (e.g. "apache-kafka-java", "librdkafka").
+        self.client_software: str | None = None
         self.last_active = time.monotonic()
         self.max_frame = broker.config["socket.request.max.bytes"]
         self.max_queued = broker.config["queued.max.requests"]
@@ -154,12 +163,13 @@ class Connection(asyncio.BufferedProtocol):
             self._start = self._end = 0
 
     def _deliver(self, frame: bytearray) -> None:
-        if self.closed:
+        if self.closed or self.closing:
             return
         fut: asyncio.Future = asyncio.get_running_loop().create_future()
         self._pending.append(fut)
         self._wakeup.set()
-        self.broker.dispatcher.dispatch(self, frame, fut)
+        self.received += 1
+        self.broker.dispatcher.dispatch(self, frame, fut, self.received)
         if len(self._pending) >= self.max_queued and not self._reading_paused and self.transport:
             self.transport.pause_reading()
             self._reading_paused = True
@@ -181,6 +191,9 @@ class Connection(asyncio.BufferedProtocol):
                 if self._reading_paused and len(self._pending) < self.max_queued // 2 and self.transport:
                     self._reading_paused = False
                     self.transport.resume_reading()
+                if pieces is _CLOSE:
+                    self.close()
+                    return
                 if pieces is None:
                     continue
                 if self.closed:
@@ -221,6 +234,24 @@ class Connection(asyncio.BufferedProtocol):
                 await self._can_write.wait()
         finally:
             close_pieces(pieces)
+
+    def close_after_pending(self, seq: int | None = None) -> None:
+        """End the connection after request `seq` (default: the last one read): requests before it are
+        processed and answered in order, as Kafka does before it closes on a bad request; later ones are
+        dropped unprocessed."""
+        if self.closed:
+            return
+        seq = self.received if seq is None else seq
+        self.close_at = seq if self.close_at is None else min(self.close_at, seq)
+        if self.closing:
+            return
+        self.closing = True
+        if self.transport is not None:
+            self.transport.pause_reading()
+        fut: asyncio.Future = asyncio.get_running_loop().create_future()
+        fut.set_result(_CLOSE)
+        self._pending.append(fut)
+        self._wakeup.set()
 
     def close(self) -> None:
         if not self.closed:

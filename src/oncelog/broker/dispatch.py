@@ -40,6 +40,7 @@ class RequestContext:
     correlation_id: int
     client_id: str | None
     connection: Connection
+    seq: int = 0  # position of the request on its connection
 
 
 Handler = Callable[["Broker", RequestContext, memoryview], Awaitable[Any]]
@@ -54,19 +55,19 @@ class Dispatcher:
         """(api key, min, max) for every API with a real handler: what ApiVersions advertises."""
         return [(k, SPECS[k].min_version, SPECS[k].max_version) for k in sorted(self.handlers)]
 
-    def dispatch(self, conn: Connection, frame: bytearray, fut: asyncio.Future) -> None:
+    def dispatch(self, conn: Connection, frame: bytearray, fut: asyncio.Future, seq: int) -> None:
         try:
             api_key, api_version, correlation_id = peek_api(frame)
         except ProtocolError:
             log.warning("closing connection from %s: request shorter than its header", conn.peer)
             fut.set_result(None)
-            conn.close()
+            conn.close_after_pending(seq)
             return
         spec = SPECS.get(api_key)
         if api_key not in self.handlers or spec is None:
             log.warning("closing connection from %s: unknown API key %d", conn.peer, api_key)
             fut.set_result(None)
-            conn.close()
+            conn.close_after_pending(seq)
             return
         if not spec.min_version <= api_version <= spec.max_version:
             if api_key == ApiKey.API_VERSIONS:
@@ -77,13 +78,18 @@ class Dispatcher:
                 conn.peer, ApiKey(api_key).name, api_version, spec.min_version, spec.max_version,
             )
             fut.set_result(None)
-            conn.close()
+            conn.close_after_pending(seq)
             return
-        asyncio.get_running_loop().create_task(self._run(conn, frame, fut, api_key, api_version))
+        asyncio.get_running_loop().create_task(self._run(conn, frame, fut, api_key, api_version, seq))
 
     async def _run(
-        self, conn: Connection, frame: bytearray, fut: asyncio.Future, api_key: int, api_version: int
+        self, conn: Connection, frame: bytearray, fut: asyncio.Future, api_key: int, api_version: int, seq: int
     ) -> None:
+        if conn.closed or (conn.close_at is not None and seq > conn.close_at):
+            # An earlier request on this connection ended it: this one is not processed at all.
+            if not fut.done():
+                fut.set_result(None)
+            return
         started = time.perf_counter()
         metrics = self.broker.metrics
         name = ApiKey(api_key).name
@@ -91,7 +97,7 @@ class Dispatcher:
             header, body_offset = decode_request_header(
                 memoryview(frame), request_header_flexible(api_key, api_version)
             )
-            ctx = RequestContext(api_key, api_version, header.correlation_id, header.client_id, conn)
+            ctx = RequestContext(api_key, api_version, header.correlation_id, header.client_id, conn, seq)
             body = memoryview(frame)[body_offset:]
             result = await self.handlers[api_key](self.broker, ctx, body)
         except ProtocolError as exc:
@@ -99,14 +105,14 @@ class Dispatcher:
             metrics.request_errors.labels(name).inc()
             if not fut.done():
                 fut.set_result(None)
-            conn.close()
+            conn.close_after_pending(seq)
             return
         except Exception:
             log.exception("handler for %s v%d failed; closing connection from %s", name, api_version, conn.peer)
             metrics.request_errors.labels(name).inc()
             if not fut.done():
                 fut.set_result(None)
-            conn.close()
+            conn.close_after_pending(seq)
             return
         metrics.requests.labels(name).inc()
         metrics.request_latency.labels(name).observe(time.perf_counter() - started)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import BrokerConfig
+from ..coordinator.txn.coordinator import TransactionCoordinator
 from ..coordinator.txn.producer_ids import ProducerIdManager
 from ..storage.flusher import GroupCommitFlusher
 from ..storage.log_manager import LogManager
@@ -53,6 +54,7 @@ class Broker:
         )
         self.logs = LogManager(self.data_dir, config, self.flusher)
         self.producer_ids = ProducerIdManager(self.data_dir / "__oncelog_meta" / "producer-ids.json")
+        self.txn_coordinator: TransactionCoordinator | None = None
         self.dispatcher = Dispatcher(self, HANDLERS)
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -78,7 +80,11 @@ class Broker:
         loop = asyncio.get_running_loop()
         self.logs.startup()
         self.producer_ids.load()
+        self.txn_coordinator = TransactionCoordinator(self)
+        self.txn_coordinator.startup()
+        self.logs.set_verify_transaction(self.txn_coordinator.verify_partition)
         self.flusher.start()
+        self.txn_coordinator.start()
         self._server = await loop.create_server(lambda: Connection(self), self.host, self.port, backlog=1024)
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
@@ -106,6 +112,8 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.txn_coordinator is not None:
+            await self.txn_coordinator.stop()
         await self.flusher.stop()
         self.logs.shutdown()
         self.metrics.stop()
@@ -145,12 +153,11 @@ class Broker:
 
     # -- transactions -------------------------------------------------------------------------------
     async def init_transactional_producer(self, req: Any, version: int) -> dict[str, Any]:
-        """InitProducerId with a transactional id: the transaction coordinator's job."""
-        from ..errors import ErrorCode
-
-        # No transaction coordinator yet: FindCoordinator is not advertised, so real clients never get
-        # here; a hand-made request is refused rather than given a producer id nobody tracks.
-        return {"error_code": ErrorCode.INVALID_REQUEST}
+        result = await self.txn_coordinator.init_producer_id(
+            req.transactional_id, req.transaction_timeout_ms,
+            req.producer_id if version >= 3 else -1, req.producer_epoch if version >= 3 else -1, version,
+        )
+        return {"error_code": result.error, "producer_id": result.producer_id, "producer_epoch": result.producer_epoch}
 
     # -- partitions -------------------------------------------------------------------------------
     def _on_high_watermark(self, plog: Any) -> None:

@@ -109,6 +109,8 @@ class LogManager:
         self._fsync: bool = broker_config["oncelog.fsync.enable"]
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}
+        # The transaction coordinator's verification hook, given to every partition (KIP-890 part 1).
+        self.verify_transaction: Any = None
         self._checkpoint_lock = threading.Lock()
 
     @property
@@ -257,6 +259,7 @@ class LogManager:
             plog.on_dirty = self.flusher.mark_dirty
         self._logs[(meta.name, partition)] = plog
         part = Partition(plog)
+        part.verify_transaction = self.verify_transaction
         part.load_producer_state(self._now_ms())
         self._partitions[(meta.name, partition)] = part
         return plog
@@ -422,6 +425,11 @@ class LogManager:
     # -- logs -----------------------------------------------------------------------------------------------
     def get_log(self, topic: str, partition: int) -> PartitionLog | None:
         return self._logs.get((topic, partition))
+
+    def set_verify_transaction(self, hook: Any) -> None:
+        self.verify_transaction = hook
+        for part in self._partitions.values():
+            part.verify_transaction = hook
 
     def get_partition(self, topic: str, partition: int) -> Partition | None:
         return self._partitions.get((topic, partition))

@@ -104,6 +104,8 @@ class ProducerStateManager:
         self.name = name
         self.max_batches = max_batches
         self.entries: dict[int, ProducerEntry] = {}
+        # Producers with an open transaction here → its first offset; the last stable offset is their minimum.
+        self.ongoing: dict[int, int] = {}
         # Counters for metrics: how each rule fired.
         self.stats = {"duplicates_cached": 0, "duplicates_window": 0, "unknown_producer": 0,
                       "out_of_order": 0, "fenced_epoch": 0}
@@ -189,6 +191,51 @@ class ProducerStateManager:
         entry.last_append_ms = now_ms
         if header.is_transactional and entry.current_txn_first_offset < 0:
             entry.current_txn_first_offset = base_offset
+            self.ongoing[pid] = base_offset
+
+    def check_marker(self, producer_id: int, epoch: int, coordinator_epoch: int) -> ProducerCheck:
+        """A COMMIT/ABORT marker from the coordinator: fenced if older than the producer's epoch."""
+        entry = self.entries.get(producer_id)
+        if entry is None:
+            return _OK
+        if epoch < entry.epoch:
+            return ProducerCheck(
+                ErrorCode.INVALID_PRODUCER_EPOCH,
+                f"Marker epoch {epoch} is older than producer {producer_id}'s epoch {entry.epoch} on {self.name}",
+            )
+        if coordinator_epoch < entry.coordinator_epoch:
+            return ProducerCheck(
+                ErrorCode.TRANSACTION_COORDINATOR_FENCED,
+                f"Marker coordinator epoch {coordinator_epoch} is older than {entry.coordinator_epoch}",
+            )
+        return _OK
+
+    def record_marker(self, producer_id: int, epoch: int, coordinator_epoch: int, now_ms: int,
+                      timestamp: int) -> int:
+        """Close the producer's open transaction here; return its first offset (-1 if none was open).
+
+        A marker with a higher epoch (a coordinator-side fence or timeout) starts the new epoch with no
+        cached batches, so the producer's next batch at that epoch must start at sequence 0.
+        """
+        entry = self.entries.get(producer_id)
+        if entry is None:
+            entry = self.entries[producer_id] = ProducerEntry(producer_id)
+        if epoch != entry.epoch:
+            entry.epoch = epoch
+            entry.batches.clear()
+        entry.coordinator_epoch = coordinator_epoch
+        entry.last_timestamp = timestamp
+        entry.last_append_ms = now_ms
+        first = entry.current_txn_first_offset
+        entry.current_txn_first_offset = -1
+        self.ongoing.pop(producer_id, None)
+        return first
+
+    def open_transaction(self, producer_id: int) -> bool:
+        return producer_id in self.ongoing
+
+    def first_unstable_offset(self) -> int | None:
+        return min(self.ongoing.values()) if self.ongoing else None
 
     # -- expiry -----------------------------------------------------------------------------------------
     def expire(self, now_ms: int, expiration_ms: int) -> list[int]:
@@ -240,8 +287,11 @@ class ProducerStateManager:
                 path.unlink(missing_ok=True)
                 continue
             self.entries = {e.producer_id: e for e in entries}
+            self.ongoing = {e.producer_id: e.current_txn_first_offset for e in entries
+                            if e.current_txn_first_offset >= 0}
             return offset
         self.entries = {}
+        self.ongoing = {}
         return None
 
 

@@ -17,6 +17,7 @@ from . import (
     producers,
     records,
     topics,
+    transactions,
 )
 
 HANDLERS = {
@@ -35,4 +36,11 @@ HANDLERS = {
     ApiKey.DESCRIBE_LOG_DIRS: cluster.handle_describe_log_dirs,
     ApiKey.INIT_PRODUCER_ID: producers.handle_init_producer_id,
     ApiKey.DESCRIBE_PRODUCERS: producers.handle_describe_producers,
+    ApiKey.ADD_PARTITIONS_TO_TXN: transactions.handle_add_partitions,
+    ApiKey.ADD_OFFSETS_TO_TXN: transactions.handle_add_offsets,
+    ApiKey.END_TXN: transactions.handle_end_txn,
+    ApiKey.TXN_OFFSET_COMMIT: transactions.handle_txn_offset_commit,
+    ApiKey.WRITE_TXN_MARKERS: transactions.handle_write_txn_markers,
+    ApiKey.DESCRIBE_TRANSACTIONS: transactions.handle_describe_transactions,
+    ApiKey.LIST_TRANSACTIONS: transactions.handle_list_transactions,
 }

@@ -13,9 +13,11 @@ if TYPE_CHECKING:
 
 
 async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
-    # v3+ carries the client's software name and version; nothing here depends on them,
-    # but decoding still rejects a malformed body.
-    decode_request(ApiKey.API_VERSIONS, ctx.api_version, body)
+    # v3+ carries the client's software name: remembered, because recovering a timed-out transaction
+    # needs the answer each client treats as abortable (see handlers/produce.py).
+    req = decode_request(ApiKey.API_VERSIONS, ctx.api_version, body)
+    if ctx.api_version >= 3:
+        ctx.connection.client_software = req.client_software_name
     keys = [
         {"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in broker.dispatcher.supported_versions()
     ]

@@ -45,8 +45,8 @@ def _read_all(broker: Broker, req: Any, conn: Any) -> tuple[list[tuple[str, list
         parts: list[FetchPartitionResponse] = []
         topics.append((topic.name, parts))
         for fp in topic.partitions:
-            plog = broker.logs.get_log(topic.name, fp.partition)
-            if plog is None:
+            part = broker.logs.get_partition(topic.name, fp.partition)
+            if part is None:
                 has_error = True
                 parts.append(_error_partition(fp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
                 continue
@@ -56,8 +56,9 @@ def _read_all(broker: Broker, req: Any, conn: Any) -> tuple[list[tuple[str, list
                 # The consumer asks for what follows what it got: those records were delivered.
                 metrics.messages_out.labels(topic.name).inc(fp.fetch_offset - previous)
             consumed[key] = fp.fetch_offset
+            plog = part.log
             hwm = plog.high_watermark
-            lso = plog.last_stable_offset if hasattr(plog, "last_stable_offset") else hwm
+            lso = part.last_stable_offset
             upper = lso if req.isolation_level == READ_COMMITTED else hwm
             records: Any = b""
             error = ErrorCode.NONE
@@ -85,17 +86,14 @@ def _read_all(broker: Broker, req: Any, conn: Any) -> tuple[list[tuple[str, list
                     high_watermark=hwm,
                     last_stable_offset=lso,
                     log_start_offset=plog.log_start_offset,
-                    aborted_transactions=_aborted(plog, fp.fetch_offset, upper) if req.isolation_level else None,
+                    aborted_transactions=(
+                        part.aborted_transactions(fp.fetch_offset, upper) if req.isolation_level else None
+                    ),
                     preferred_read_replica=-1,
                     records=records,
                 )
             )
     return topics, total, has_error
-
-
-def _aborted(plog: Any, start: int, end: int) -> list[tuple[int, int]]:
-    finder = getattr(plog, "aborted_transactions", None)
-    return finder(start, end) if finder is not None else []
 
 
 def _error_partition(index: int, error: ErrorCode) -> FetchPartitionResponse:

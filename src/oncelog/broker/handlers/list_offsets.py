@@ -16,22 +16,22 @@ LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
 
 def lookup(broker: Broker, topic: str, partition: int, timestamp: int, isolation: int) -> dict[str, Any]:
-    plog = broker.logs.get_log(topic, partition)
+    part = broker.logs.get_partition(topic, partition)
     out = {"partition_index": partition, "error_code": 0, "timestamp": -1, "offset": -1, "leader_epoch": -1}
-    if plog is None:
+    if part is None:
         out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
         return out
+    plog = part.log
     if timestamp == EARLIEST:
         out["offset"] = plog.log_start_offset
     elif timestamp == LATEST:
-        lso = getattr(plog, "last_stable_offset", plog.high_watermark)
-        out["offset"] = lso if isolation == 1 else plog.high_watermark
+        out["offset"] = part.last_stable_offset if isolation == 1 else plog.high_watermark
     elif timestamp == MAX_TIMESTAMP:
-        found = plog.max_timestamp()
+        found = part.max_timestamp()
         if found is not None:
             out["offset"], out["timestamp"] = found
     elif timestamp >= 0:
-        found = plog.offset_for_timestamp(timestamp)
+        found = part.offset_for_timestamp(timestamp)
         if found is not None:
             out["offset"], out["timestamp"] = found
     else:

@@ -50,6 +50,25 @@ class _Slot:
         )
 
 
+def _client_facing(broker: Broker, ctx: RequestContext, header: Any, error: ErrorCode,
+                   message: str | None) -> tuple[ErrorCode, str | None]:
+    """Translate a refusal into the code this client version understands and recovers from.
+
+    A stale epoch from the rightful owner (its transaction timed out, KAFKA-9803) must reach the client
+    as abortable: the Java client aborts on INVALID_PRODUCER_EPOCH from Produce, librdkafka only on
+    UNKNOWN_PRODUCER_ID (which also makes it bump its epoch); a fenced zombie keeps
+    INVALID_PRODUCER_EPOCH, fatal for both (research/client-reactions.md).
+    """
+    if error == ErrorCode.INVALID_PRODUCER_EPOCH and header.is_transactional and broker.txn_coordinator:
+        hint = broker.txn_coordinator.stale_epoch_answer(header.producer_id, header.producer_epoch)
+        if hint is not None:
+            java = (ctx.connection.client_software or "").startswith("apache-kafka-java")
+            return (ErrorCode.INVALID_PRODUCER_EPOCH if java else ErrorCode.UNKNOWN_PRODUCER_ID), hint
+    if error == ErrorCode.TRANSACTION_ABORTABLE and ctx.api_version <= 10:
+        return ErrorCode.INVALID_TXN_STATE, message
+    return error, message
+
+
 async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
     req = decode_produce_request(body, ctx.api_version)
     acks = req.acks
@@ -89,8 +108,10 @@ async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
             if log_append_time:
                 set_log_append_time(records, 0, header.size, now)
                 header = read_header(records)
-            appended = part.append_records(records, header, now, log_append_time)
+            appended = part.append_records(records, header, now, log_append_time, req.transactional_id)
             slot.error, slot.message = appended.error, appended.message
+            if appended.error:
+                slot.error, slot.message = _client_facing(broker, ctx, header, appended.error, appended.message)
             if appended.error:
                 continue
             slot.base_offset = appended.base_offset
@@ -106,7 +127,7 @@ async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
     if acks == 0:
         if failed:
             # No response goes back for acks=0, so a closed connection is the only signal.
-            ctx.connection.close()
+            ctx.connection.close_after_pending(ctx.seq)
         return None
     if waits:
         results = await asyncio.gather(*(w for _, w in waits), return_exceptions=True)

@@ -1,0 +1,126 @@
+"""Transaction APIs: AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, WriteTxnMarkers,
+DescribeTransactions, ListTransactions. The rules live in coordinator/txn/; this is the wire."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ErrorCode
+from ...protocol.apis import ApiKey
+from ...protocol.messages import decode_request, encode_response
+from .common import now_ms
+
+if TYPE_CHECKING:
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+
+async def handle_add_partitions(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, body)
+    wanted = [(t.name, p) for t in req.v3_and_below_topics for p in t.partitions]
+    results = await broker.txn_coordinator.add_partitions(
+        req.v3_and_below_transactional_id, req.v3_and_below_producer_id, req.v3_and_below_producer_epoch,
+        wanted, ctx.api_version,
+    )
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for (topic, partition), error in results.items():
+        by_topic.setdefault(topic, []).append({"partition_index": partition, "partition_error_code": error})
+    data = {
+        "throttle_time_ms": 0,
+        "results_by_topic_v3_and_below": [
+            {"name": topic, "results_by_partition": parts} for topic, parts in by_topic.items()
+        ],
+    }
+    return encode_response(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, data)
+
+
+async def handle_add_offsets(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.ADD_OFFSETS_TO_TXN, ctx.api_version, body)
+    error = await broker.txn_coordinator.add_offsets(
+        req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, ctx.api_version
+    )
+    return encode_response(ApiKey.ADD_OFFSETS_TO_TXN, ctx.api_version, {"throttle_time_ms": 0, "error_code": error})
+
+
+async def handle_end_txn(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.END_TXN, ctx.api_version, body)
+    error = await broker.txn_coordinator.end_txn(
+        req.transactional_id, req.producer_id, req.producer_epoch, req.committed, ctx.api_version
+    )
+    return encode_response(ApiKey.END_TXN, ctx.api_version, {"throttle_time_ms": 0, "error_code": error})
+
+
+async def handle_txn_offset_commit(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.TXN_OFFSET_COMMIT, ctx.api_version, body)
+    error = broker.txn_coordinator.check_txn_offset_commit(
+        req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, ctx.api_version
+    )
+    offsets = [
+        (t.name, p.partition_index, p.committed_offset, p.committed_metadata,
+         getattr(p, "committed_leader_epoch", -1))
+        for t in req.topics for p in t.partitions
+    ]
+    if not error:
+        groups = getattr(broker, "group_coordinator", None)
+        if groups is None:
+            error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+        else:
+            error = await groups.stage_txn_offsets(
+                req.group_id, req.producer_id, req.producer_epoch, offsets,
+                generation_id=getattr(req, "generation_id", -1), member_id=getattr(req, "member_id", ""),
+                group_instance_id=getattr(req, "group_instance_id", None),
+            )
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for topic, partition, *_ in offsets:
+        by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": error})
+    data = {"throttle_time_ms": 0, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+    return encode_response(ApiKey.TXN_OFFSET_COMMIT, ctx.api_version, data)
+
+
+async def handle_write_txn_markers(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    """Admin-driven markers (KIP-664 abort of a hanging transaction): written straight to the partitions."""
+    req = decode_request(ApiKey.WRITE_TXN_MARKERS, ctx.api_version, body)
+    markers = []
+    waits = []
+    now = now_ms()
+    for marker in req.markers:
+        topics = []
+        for t in marker.topics:
+            parts = []
+            for index in t.partition_indexes:
+                part = broker.logs.get_partition(t.name, index)
+                if part is None:
+                    parts.append({"partition_index": index, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
+                    continue
+                result = part.append_marker(marker.producer_id, marker.producer_epoch, marker.transaction_result,
+                                            marker.coordinator_epoch, now)
+                entry = {"partition_index": index, "error_code": result.error}
+                parts.append(entry)
+                if not result.error:
+                    waits.append((entry, broker.flusher.wait_durable(part.log, result.last_offset + 1)))
+            topics.append({"name": t.name, "partitions": parts})
+        markers.append({"producer_id": marker.producer_id, "topics": topics})
+    for entry, wait in waits:
+        try:
+            await wait
+        except Exception:
+            entry["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
+    return encode_response(ApiKey.WRITE_TXN_MARKERS, ctx.api_version, {"markers": markers})
+
+
+async def handle_describe_transactions(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.DESCRIBE_TRANSACTIONS, ctx.api_version, body)
+    states = [broker.txn_coordinator.describe(txn_id) for txn_id in req.transactional_ids]
+    return encode_response(
+        ApiKey.DESCRIBE_TRANSACTIONS, ctx.api_version, {"throttle_time_ms": 0, "transaction_states": states}
+    )
+
+
+async def handle_list_transactions(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.LIST_TRANSACTIONS, ctx.api_version, body)
+    unknown, states = broker.txn_coordinator.list_transactions(
+        list(req.state_filters), list(req.producer_id_filters),
+        getattr(req, "duration_filter", -1) if ctx.api_version >= 1 else -1,
+    )
+    data = {"throttle_time_ms": 0, "error_code": 0, "unknown_state_filters": unknown, "transaction_states": states}
+    return encode_response(ApiKey.LIST_TRANSACTIONS, ctx.api_version, data)

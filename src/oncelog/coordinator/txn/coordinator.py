@@ -1,0 +1,548 @@
+"""The transaction coordinator: KIP-360's InitProducerId table, Kafka's state machine, and the
+seeds' recovery rules (KAFKA-9803 timeouts), all in one place.
+
+Every transition is written to `__transaction_state` and made durable before anyone is
+told about it; markers go to partitions through `Partition.append_marker` (a local call
+standing in for WriteTxnMarkers), and `EndTxn` is answered once the markers are
+durable, so a committed transaction is visible to read_committed readers the moment
+`commit_transaction()` returns.
+
+Where the seeds go beyond Kafka:
+- `last_producer_epoch` is persisted, so a retried InitProducerId(pid, epoch) whose first
+  attempt succeeded before a restart is answered, not fenced (seed 000);
+- a transaction that times out is aborted with the epoch bumped and the owner's epoch
+  remembered as the last epoch (seed 002): the owner's requests at that epoch get answers
+  its client treats as abortable, its EndTxn(ABORT) succeeds, its InitProducerId(pid,
+  old epoch) returns the bumped epoch, and it goes on; a new instance still fences it;
+- a transactional batch for a partition that is not in the producer's ongoing
+  transaction is refused (KIP-890 part 1), so a zombie cannot start a dangling one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ...errors import ErrorCode
+from ...records.batch import read_header
+from ...records.builder import NewRecord, build_batch
+from ..partitioning import partition_for
+from .log_format import decode_key, decode_value, encode_key, encode_value
+from .metadata import EXHAUSTED_EPOCH, MAX_EPOCH, STATE_BY_NAME, TransactionMetadata, TxnState
+
+if TYPE_CHECKING:
+    from ...broker.server import Broker
+
+log = logging.getLogger(__name__)
+
+TXN_TOPIC = "__transaction_state"
+OFFSETS_TOPIC = "__consumer_offsets"
+COORDINATOR_EPOCH = 0  # one broker, never failed over
+
+# First request versions that know TRANSACTION_ABORTABLE (120).
+ABORTABLE_SINCE = {"AddPartitionsToTxn": 5, "AddOffsetsToTxn": 4, "EndTxn": 4, "TxnOffsetCommit": 4,
+                   "InitProducerId": 5, "Produce": 11}
+# First versions that know PRODUCER_FENCED (90); older ones get INVALID_PRODUCER_EPOCH.
+FENCED_SINCE = {"AddPartitionsToTxn": 2, "AddOffsetsToTxn": 2, "EndTxn": 2, "InitProducerId": 4,
+                "TxnOffsetCommit": 0}
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclass
+class InitResult:
+    error: ErrorCode = ErrorCode.NONE
+    producer_id: int = -1
+    producer_epoch: int = -1
+
+
+class TransactionCoordinator:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.txns: dict[str, TransactionMetadata] = {}
+        self.by_producer: dict[int, str] = {}
+        self.stats = {"timed_out": 0, "committed": 0, "aborted": 0, "fenced": 0}
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle ------------------------------------------------------------------------------------------
+    @property
+    def partitions(self) -> int:
+        return self.config["transaction.state.log.num.partitions"]
+
+    def _ensure_log(self) -> None:
+        """Create the transaction log on first use, as Kafka does: brokers that never see a transactional
+        producer do not carry its partitions."""
+        logs = self.broker.logs
+        if TXN_TOPIC not in logs.topics:
+            logs.create_topic(TXN_TOPIC, self.partitions, {"cleanup.policy": "compact"}, internal=True)
+
+    def startup(self) -> None:
+        logs = self.broker.logs
+        if TXN_TOPIC not in logs.topics:
+            return
+        for p in range(logs.topics[TXN_TOPIC].partitions):
+            part = logs.get_partition(TXN_TOPIC, p)
+            if part is None:
+                continue
+            for batch in part.iter_decoded_batches():
+                if batch.header.is_control:
+                    continue
+                for record in batch.records:
+                    if record.key is None:
+                        continue
+                    try:
+                        txn_id = decode_key(record.key)
+                        if record.value is None:
+                            self._forget(txn_id)
+                            continue
+                        meta = decode_value(txn_id, record.value)
+                    except Exception as exc:  # a damaged record must not stop the broker from starting
+                        log.error("%s-%d: unreadable transaction log record at %d: %s", TXN_TOPIC, p,
+                                  record.offset, exc)
+                        continue
+                    self._index(meta)
+        log.info("transaction coordinator loaded %d transactional ids", len(self.txns))
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for meta in list(self.txns.values()):
+            if meta.state.preparing:
+                # The coordinator stopped between PrepareX and CompleteX: finish the job (markers are idempotent).
+                meta.pending = True
+                loop.create_task(self._complete(meta, meta.state == TxnState.PREPARE_COMMIT))
+        self._tasks = [
+            loop.create_task(self._every(
+                self.config["transaction.abort.timed.out.transaction.cleanup.interval.ms"], self.abort_timed_out)),
+            loop.create_task(self._every(
+                self.config["transaction.remove.expired.transaction.cleanup.interval.ms"], self.expire_ids)),
+        ]
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _every(self, interval_ms: int, action: Any) -> None:
+        while True:
+            await asyncio.sleep(interval_ms / 1000)
+            try:
+                await action()
+            except Exception:
+                log.exception("transaction coordinator task %s failed", getattr(action, "__name__", action))
+
+    def _index(self, meta: TransactionMetadata) -> None:
+        old = self.txns.get(meta.transactional_id)
+        if old is not None and self.by_producer.get(old.producer_id) == old.transactional_id:
+            del self.by_producer[old.producer_id]
+        self.txns[meta.transactional_id] = meta
+        self.by_producer[meta.producer_id] = meta.transactional_id
+        if meta.previous_producer_id >= 0:
+            self.by_producer.setdefault(meta.previous_producer_id, meta.transactional_id)
+
+    def _forget(self, txn_id: str) -> None:
+        meta = self.txns.pop(txn_id, None)
+        if meta is not None:
+            for pid in (meta.producer_id, meta.previous_producer_id):
+                if self.by_producer.get(pid) == txn_id:
+                    del self.by_producer[pid]
+
+    # -- persistence ----------------------------------------------------------------------------------------
+    async def _persist(self, meta: TransactionMetadata, tombstone: bool = False) -> ErrorCode:
+        """Append the metadata (or a tombstone) to the transaction log and wait until it is durable."""
+        try:
+            self._ensure_log()
+        except Exception as exc:
+            log.error("cannot create %s: %s", TXN_TOPIC, exc)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        topic = self.broker.logs.topics[TXN_TOPIC]
+        part = self.broker.logs.get_partition(TXN_TOPIC, partition_for(meta.transactional_id, topic.partitions))
+        if part is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        now = now_ms()
+        value = None if tombstone else encode_value(meta)
+        buf = build_batch([NewRecord(encode_key(meta.transactional_id), value, timestamp_ms=now)])
+        result = part.append_records(buf, read_header(buf), now, False)
+        if result.error:
+            log.error("transaction log append for %s failed: %s", meta.transactional_id, result.message)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        try:
+            await self.broker.flusher.wait_durable(part.log, result.last_offset + 1)
+        except Exception as exc:
+            log.error("transaction log for %s is not durable: %s", meta.transactional_id, exc)
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        return ErrorCode.NONE
+
+    async def _transition(self, meta: TransactionMetadata, target: TransactionMetadata) -> ErrorCode:
+        """Persist `target` as the new state of `meta`'s id, then (only then) apply it in memory."""
+        target.last_update_ms = now_ms()
+        error = await self._persist(target)
+        if error:
+            return error
+        target.pending = meta.pending
+        self._index(target)
+        return ErrorCode.NONE
+
+    # -- who is asking ----------------------------------------------------------------------------------------
+    def _stale_owner(self, meta: TransactionMetadata, epoch: int) -> bool:
+        """The rightful owner at the epoch the coordinator bumped on its behalf (timeout or client bump)."""
+        return meta.last_producer_epoch >= 0 and epoch == meta.last_producer_epoch and epoch < meta.producer_epoch
+
+    @staticmethod
+    def _fenced(api: str, version: int) -> ErrorCode:
+        return ErrorCode.PRODUCER_FENCED if version >= FENCED_SINCE.get(api, 0) else ErrorCode.INVALID_PRODUCER_EPOCH
+
+    @staticmethod
+    def _abortable(api: str, version: int) -> ErrorCode:
+        """An answer every client treats as 'abort the transaction and go on' (research/client-reactions.md):
+        TRANSACTION_ABORTABLE where the version knows it, else UNKNOWN_PRODUCER_ID, which librdkafka and the
+        Java client (TV1) both handle as abortable with an epoch bump."""
+        if version >= ABORTABLE_SINCE.get(api, 1 << 15):
+            return ErrorCode.TRANSACTION_ABORTABLE
+        return ErrorCode.UNKNOWN_PRODUCER_ID
+
+    def _check_owner(self, meta: TransactionMetadata | None, producer_id: int, epoch: int, api: str,
+                     version: int) -> ErrorCode:
+        if meta is None or producer_id != meta.producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if epoch != meta.producer_epoch:
+            if self._stale_owner(meta, epoch):
+                return self._abortable(api, version)
+            return self._fenced(api, version)
+        return ErrorCode.NONE
+
+    # -- InitProducerId --------------------------------------------------------------------------------------
+    async def init_producer_id(self, txn_id: str, timeout_ms: int, producer_id: int, epoch: int,
+                               version: int) -> InitResult:
+        if txn_id == "":
+            return InitResult(ErrorCode.INVALID_REQUEST)
+        if timeout_ms <= 0 or timeout_ms > self.config["transaction.max.timeout.ms"]:
+            return InitResult(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
+        meta = self.txns.get(txn_id)
+        if meta is None:
+            # In memory only until the first transition is persisted, as Kafka does; registering it now
+            # makes a concurrent first InitProducerId for the same id see it.
+            meta = TransactionMetadata(txn_id, self.broker.producer_ids.next_id(), timeout_ms=timeout_ms)
+            self._index(meta)
+        if meta.pending or meta.state.preparing:
+            return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        given = producer_id >= 0
+        if given and not (
+            meta.producer_epoch == -1
+            or producer_id == meta.producer_id
+            or (producer_id == meta.previous_producer_id and epoch >= EXHAUSTED_EPOCH)
+        ):
+            return InitResult(self._fenced("InitProducerId", version))
+        if meta.state == TxnState.ONGOING:
+            # A new instance (or the owner skipping EndTxn) takes over: fence and abort what is open.
+            await self._fence_and_abort(meta, timed_out=False)
+            return InitResult(ErrorCode.CONCURRENT_TRANSACTIONS)
+        target = meta.copy()
+        target.timeout_ms = timeout_ms
+        target.state = TxnState.EMPTY
+        target.partitions = set()
+        target.start_ms = -1
+        target.timed_out = False
+        if given and producer_id == meta.producer_id and epoch == meta.last_producer_epoch \
+                and epoch != meta.producer_epoch:
+            # A retry of a bump that already happened (also across a restart): answer, do not fence.
+            return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
+        if given and producer_id == meta.previous_producer_id and producer_id != meta.producer_id:
+            # A retry of a bump that rotated the producer id.
+            return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
+        if meta.producer_epoch >= EXHAUSTED_EPOCH and (not given or epoch == meta.producer_epoch):
+            target.previous_producer_id = meta.producer_id
+            target.producer_id = self.broker.producer_ids.next_id()
+            target.producer_epoch = 0
+            target.last_producer_epoch = meta.producer_epoch if given else -1
+        elif not given:
+            target.producer_epoch = meta.producer_epoch + 1
+            target.last_producer_epoch = -1
+        elif epoch == meta.producer_epoch or meta.producer_epoch == -1:
+            target.producer_epoch = meta.producer_epoch + 1
+            target.last_producer_epoch = meta.producer_epoch
+        else:
+            return InitResult(self._fenced("InitProducerId", version))
+        meta.pending = True
+        try:
+            error = await self._transition(meta, target)
+        finally:
+            meta.pending = False
+            target.pending = False
+        if error:
+            return InitResult(error)
+        return InitResult(ErrorCode.NONE, target.producer_id, target.producer_epoch)
+
+    # -- adding partitions ------------------------------------------------------------------------------------
+    async def add_partitions(self, txn_id: str, producer_id: int, epoch: int,
+                             partitions: Iterable[tuple[str, int]], version: int,
+                             api: str = "AddPartitionsToTxn") -> dict[tuple[str, int], ErrorCode]:
+        wanted = list(partitions)
+        meta = self.txns.get(txn_id)
+        error = self._check_owner(meta, producer_id, epoch, api, version)
+        if not error and (meta.pending or meta.state.preparing):
+            error = ErrorCode.CONCURRENT_TRANSACTIONS
+        if not error and meta.state not in (TxnState.ONGOING, TxnState.EMPTY, TxnState.COMPLETE_COMMIT,
+                                            TxnState.COMPLETE_ABORT):
+            error = ErrorCode.INVALID_TXN_STATE
+        if error:
+            return {tp: error for tp in wanted}
+        unknown = [tp for tp in wanted if self.broker.logs.get_partition(*tp) is None]
+        if unknown:
+            return {tp: (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else ErrorCode.OPERATION_NOT_ATTEMPTED)
+                    for tp in wanted}
+        if meta.state == TxnState.ONGOING and set(wanted) <= meta.partitions:
+            return {tp: ErrorCode.NONE for tp in wanted}
+        target = meta.copy()
+        if meta.state != TxnState.ONGOING:
+            target.start_ms = now_ms()
+            target.partitions = set()
+            target.timed_out = False
+        target.state = TxnState.ONGOING
+        target.partitions |= set(wanted)
+        meta.pending = True
+        try:
+            error = await self._transition(meta, target)
+        finally:
+            meta.pending = False
+            target.pending = False
+        return {tp: error for tp in wanted}
+
+    async def add_offsets(self, txn_id: str, producer_id: int, epoch: int, group_id: str,
+                          version: int) -> ErrorCode:
+        tp = (OFFSETS_TOPIC, self.offsets_partition(group_id))
+        if self.broker.logs.get_partition(*tp) is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        results = await self.add_partitions(txn_id, producer_id, epoch, [tp], version, api="AddOffsetsToTxn")
+        return results[tp]
+
+    def offsets_partition(self, group_id: str) -> int:
+        return partition_for(group_id, self.config["offsets.topic.num.partitions"])
+
+    def check_txn_offset_commit(self, txn_id: str, producer_id: int, epoch: int, group_id: str,
+                                version: int) -> ErrorCode:
+        """TxnOffsetCommit is only valid inside the transaction that added the group's offsets partition."""
+        meta = self.txns.get(txn_id)
+        error = self._check_owner(meta, producer_id, epoch, "TxnOffsetCommit", version)
+        if error:
+            return error
+        if meta.state != TxnState.ONGOING or (OFFSETS_TOPIC, self.offsets_partition(group_id)) not in meta.partitions:
+            return ErrorCode.INVALID_TXN_STATE if version < 4 else ErrorCode.TRANSACTION_ABORTABLE
+        return ErrorCode.NONE
+
+    # -- ending -----------------------------------------------------------------------------------------------
+    async def end_txn(self, txn_id: str, producer_id: int, epoch: int, commit: bool, version: int) -> ErrorCode:
+        meta = self.txns.get(txn_id)
+        if meta is None or producer_id != meta.producer_id:
+            return ErrorCode.INVALID_PRODUCER_ID_MAPPING
+        if epoch != meta.producer_epoch:
+            if not self._stale_owner(meta, epoch):
+                return self._fenced("EndTxn", version)
+            if meta.pending or meta.state.preparing:
+                return ErrorCode.CONCURRENT_TRANSACTIONS
+            if not commit and meta.state in (TxnState.COMPLETE_ABORT, TxnState.EMPTY):
+                # The owner aborting what the coordinator already aborted for it (timeout): done.
+                return ErrorCode.NONE
+            return self._abortable("EndTxn", version)
+        if meta.pending:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        state = meta.state
+        if state == TxnState.ONGOING:
+            return await self._end(meta, commit, meta.producer_epoch)
+        if (state == TxnState.COMPLETE_COMMIT and commit) or (state == TxnState.COMPLETE_ABORT and not commit):
+            return ErrorCode.NONE
+        if state.preparing:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        return ErrorCode.INVALID_TXN_STATE
+
+    async def _end(self, meta: TransactionMetadata, commit: bool, marker_epoch: int) -> ErrorCode:
+        target = meta.copy()
+        target.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        target.producer_epoch = marker_epoch
+        meta.pending = True
+        error = await self._transition(meta, target)
+        meta.pending = False
+        if error:
+            return error
+        current = self.txns[meta.transactional_id]
+        current.pending = True
+        return await self._complete(current, commit)
+
+    async def _complete(self, meta: TransactionMetadata, commit: bool) -> ErrorCode:
+        """Write the markers, wait until they are durable, then persist CompleteX."""
+        try:
+            waits = []
+            now = now_ms()
+            for topic, index in sorted(meta.partitions):
+                part = self.broker.logs.get_partition(topic, index)
+                if part is None:
+                    continue  # the topic was deleted meanwhile
+                if topic == OFFSETS_TOPIC:
+                    groups = getattr(self.broker, "group_coordinator", None)
+                    if groups is not None:
+                        groups.complete_txn(meta.producer_id, commit, index)
+                result = part.append_marker(meta.producer_id, meta.producer_epoch, commit, COORDINATOR_EPOCH, now)
+                if result.error:
+                    log.warning("marker for producer %d on %s: %s", meta.producer_id, part.name, result.message)
+                    if result.error == ErrorCode.KAFKA_STORAGE_ERROR:
+                        return ErrorCode.COORDINATOR_NOT_AVAILABLE  # stays Prepare*: retried at the next start
+                    continue
+                waits.append(self.broker.flusher.wait_durable(part.log, result.last_offset + 1))
+            if waits:
+                outcomes = await asyncio.gather(*waits, return_exceptions=True)
+                if any(isinstance(o, BaseException) for o in outcomes):
+                    return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            target = meta.copy()
+            target.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
+            target.partitions = set()
+            error = await self._transition(meta, target)
+            if not error:
+                self.stats["committed" if commit else "aborted"] += 1
+            return error
+        finally:
+            current = self.txns.get(meta.transactional_id)
+            if current is not None:
+                current.pending = False
+            meta.pending = False
+
+    async def _fence_and_abort(self, meta: TransactionMetadata, timed_out: bool) -> ErrorCode:
+        """Bump the epoch and abort the open transaction with markers at the new epoch.
+
+        On a timeout the owner's epoch becomes the last epoch (KAFKA-9803), so the owner can still abort and
+        claim the bumped epoch; when a new instance takes over, the last epoch is cleared and the old one is
+        fenced for good.
+        """
+        if meta.pending:
+            return ErrorCode.CONCURRENT_TRANSACTIONS
+        target = meta.copy()
+        target.last_producer_epoch = meta.producer_epoch if timed_out else -1
+        target.producer_epoch = min(meta.producer_epoch + 1, MAX_EPOCH)
+        target.state = TxnState.PREPARE_ABORT
+        target.timed_out = timed_out
+        meta.pending = True
+        error = await self._transition(meta, target)
+        meta.pending = False
+        if error:
+            return error
+        current = self.txns[meta.transactional_id]
+        current.pending = True
+        if timed_out:
+            self.stats["timed_out"] += 1
+        else:
+            self.stats["fenced"] += 1
+        return await self._complete(current, False)
+
+    # -- background duties ------------------------------------------------------------------------------------
+    async def abort_timed_out(self) -> int:
+        now = now_ms()
+        expired = [m for m in self.txns.values()
+                   if m.state == TxnState.ONGOING and not m.pending and m.start_ms + m.timeout_ms < now]
+        for meta in expired:
+            log.info("transaction %s (producer %d, epoch %d) timed out after %d ms: aborting",
+                     meta.transactional_id, meta.producer_id, meta.producer_epoch, meta.timeout_ms)
+            await self._fence_and_abort(meta, timed_out=True)
+        return len(expired)
+
+    async def expire_ids(self) -> int:
+        limit = self.config["transactional.id.expiration.ms"]
+        now = now_ms()
+        gone = [m for m in self.txns.values()
+                if m.state.idle and not m.pending and m.last_update_ms <= now - limit]
+        for meta in gone:
+            meta.pending = True
+            error = await self._persist(meta, tombstone=True)
+            meta.pending = False
+            if not error:
+                self._forget(meta.transactional_id)
+                log.info("transactional id %s expired", meta.transactional_id)
+        return len(gone)
+
+    # -- the partition side (KIP-890 part 1) ------------------------------------------------------------------
+    def verify_partition(self, txn_id: str | None, producer_id: int, epoch: int, topic: str,
+                         partition: int) -> tuple[ErrorCode, str | None]:
+        """May this producer's transactional batch start a transaction on (topic, partition)?"""
+        meta = self.txns.get(txn_id) if txn_id is not None else None
+        if meta is None or meta.producer_id != producer_id:
+            return ErrorCode.TRANSACTION_ABORTABLE, (
+                f"Producer {producer_id} has no transaction with id {txn_id!r} on this coordinator")
+        if epoch != meta.producer_epoch:
+            if self._stale_owner(meta, epoch):
+                return ErrorCode.TRANSACTION_ABORTABLE, self._stale_message(meta)
+            return ErrorCode.INVALID_PRODUCER_EPOCH, f"Producer {producer_id} epoch {epoch} is fenced"
+        if meta.pending or meta.state.preparing:
+            return ErrorCode.NOT_ENOUGH_REPLICAS, "The transaction is completing; retry"
+        if meta.state != TxnState.ONGOING or (topic, partition) not in meta.partitions:
+            return ErrorCode.TRANSACTION_ABORTABLE, (
+                f"{topic}-{partition} is not part of the ongoing transaction of {txn_id!r}")
+        return ErrorCode.NONE, None
+
+    def stale_epoch_answer(self, producer_id: int, epoch: int) -> str | None:
+        """For a Produce refused for an old epoch: a message when the sender is the rightful owner whose
+        epoch the coordinator bumped (it may abort and go on), None when it is a fenced zombie."""
+        txn_id = self.by_producer.get(producer_id)
+        meta = self.txns.get(txn_id) if txn_id is not None else None
+        if meta is not None and meta.producer_id == producer_id and self._stale_owner(meta, epoch):
+            return self._stale_message(meta)
+        return None
+
+    @staticmethod
+    def _stale_message(meta: TransactionMetadata) -> str:
+        if meta.timed_out:
+            return (f"The transaction of {meta.transactional_id!r} timed out after {meta.timeout_ms} ms and was "
+                    "aborted by the coordinator; abort it and continue")
+        return f"The epoch of {meta.transactional_id!r} was bumped; abort the transaction and continue"
+
+    # -- operations (KIP-664) ---------------------------------------------------------------------------------
+    def describe(self, txn_id: str) -> dict[str, Any]:
+        meta = self.txns.get(txn_id)
+        out: dict[str, Any] = {
+            "error_code": 0, "transactional_id": txn_id, "transaction_state": "", "transaction_timeout_ms": 0,
+            "transaction_start_time_ms": -1, "producer_id": -1, "producer_epoch": -1, "topics": [],
+        }
+        if not txn_id:
+            out["error_code"] = ErrorCode.INVALID_REQUEST
+        elif meta is None or meta.state == TxnState.DEAD:
+            out["error_code"] = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
+        else:
+            by_topic: dict[str, list[int]] = {}
+            for topic, p in sorted(meta.partitions):
+                by_topic.setdefault(topic, []).append(p)
+            out.update(
+                transaction_state=meta.state.display, transaction_timeout_ms=meta.timeout_ms,
+                transaction_start_time_ms=meta.start_ms, producer_id=meta.producer_id,
+                producer_epoch=meta.producer_epoch,
+                topics=[{"topic": t, "partitions": ps} for t, ps in by_topic.items()],
+            )
+        return out
+
+    def list_transactions(self, states: list[str], producer_ids: list[int], min_duration_ms: int = -1,
+             pattern: str | None = None) -> tuple[list[str], list[dict[str, Any]]]:
+        unknown = [s for s in states if s not in STATE_BY_NAME]
+        wanted = {STATE_BY_NAME[s] for s in states if s in STATE_BY_NAME}
+        now = now_ms()
+        out = []
+        for meta in self.txns.values():
+            if wanted and meta.state not in wanted:
+                continue
+            if producer_ids and meta.producer_id not in producer_ids:
+                continue
+            if min_duration_ms >= 0 and (meta.state != TxnState.ONGOING or now - meta.start_ms < min_duration_ms):
+                continue
+            if pattern is not None and not fnmatch.fnmatchcase(meta.transactional_id, pattern):
+                continue
+            out.append({"transactional_id": meta.transactional_id, "producer_id": meta.producer_id,
+                        "transaction_state": meta.state.display})
+        return unknown, out
+
+    def state_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for meta in self.txns.values():
+            counts[meta.state.display] = counts.get(meta.state.display, 0) + 1
+        return counts
