@@ -8,7 +8,6 @@ read as `Rec` tuples, so tests can compare exact lists: contents, offsets and no
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import struct
 import subprocess
@@ -21,9 +20,8 @@ from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import KafkaError as CKError
 from confluent_kafka import Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
-from kafka.protocol.api_header import ResponseHeader
 from tests.conftest import kcat_path
-from tests.support.wire import Wire as _Wire
+from tests.support.wire import Wire
 
 Headers = tuple[tuple[str, bytes | None], ...]
 
@@ -84,38 +82,6 @@ def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, interval: fl
 
 
 # -- the raw wire client ----------------------------------------------------------------------------------
-
-
-class Wire(_Wire):
-    """tests.support.wire.Wire with a response-header decode that works with kafka-python 3.0.12.
-
-    (kafka-python 3's ResponseHeader.decode wants a file-like object, not the memoryview the support
-    module passes; see the report.)
-    """
-
-    def request(self, message: Any, version: int, expect_response: bool = True) -> Any:
-        self.correlation += 1
-        message.with_header(correlation_id=self.correlation, client_id=self.client_id)
-        self.send_raw(bytes(message.encode(version=version, header=True, framed=True)))
-        if not expect_response:
-            return None
-        frame = self.recv_frame()
-        response_cls = response_class(message)
-        flexible = response_cls.flexible_version_q(version) and response_cls.API_KEY != 18
-        stream = io.BytesIO(frame)
-        header = ResponseHeader.decode(stream, flexible=flexible)
-        assert header.correlation_id == self.correlation, (header.correlation_id, self.correlation)
-        return response_cls.decode(frame[stream.tell():], version=version)
-
-
-def response_class(message: Any) -> Any:
-    import kafka.protocol.admin as a
-    import kafka.protocol.consumer as c
-    import kafka.protocol.metadata as m
-    import kafka.protocol.producer as p
-
-    name = type(message).__name__.replace("Request", "Response")
-    return next(getattr(mod, name) for mod in (a, c, m, p) if hasattr(mod, name))
 
 
 def api_versions_ok(bootstrap: str, timeout: float = 10.0) -> bool:
