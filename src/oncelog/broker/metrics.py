@@ -8,6 +8,7 @@ nothing for them.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -53,6 +54,9 @@ class _PartitionCollector:
             "oncelog_producer_state_verdicts",
             "Produce batches answered by a producer-state rule other than a plain append", labels=["rule"],
         )
+        lso_lag = GaugeMetricFamily("oncelog_last_stable_offset_lag",
+                                    "High watermark minus last stable offset (records held back by open transactions)",
+                                    labels=["topic", "partition"])
         totals: dict[str, int] = {}
         try:
             parts = list(self._partitions())
@@ -60,12 +64,49 @@ class _PartitionCollector:
             parts = []
         for part in parts:
             producers.add_metric([part.topic, str(part.index)], len(part.producers.entries))
+            lso_lag.add_metric([part.topic, str(part.index)], part.log.high_watermark - part.last_stable_offset)
             for rule, count in part.producers.stats.items():
                 totals[rule] = totals.get(rule, 0) + count
         for rule, count in sorted(totals.items()):
             rules.add_metric([rule], count)
         yield producers
         yield rules
+        yield lso_lag
+
+
+class _TransactionCollector:
+    """Transaction coordinator figures, read at scrape time."""
+
+    def __init__(self, broker: Any) -> None:
+        self._broker = broker
+
+    def collect(self):
+        coordinator = self._broker.txn_coordinator
+        states = GaugeMetricFamily("oncelog_transactions", "Transactional ids by state", labels=["state"])
+        outcomes = CounterMetricFamily("oncelog_transactions_ended", "Transactions ended, by how",
+                                       labels=["outcome"])
+        late = GaugeMetricFamily(
+            "oncelog_partitions_with_late_transactions",
+            "Partitions holding an open transaction older than transaction.max.timeout.ms + 5 minutes",
+        )
+        if coordinator is not None:
+            for name, count in sorted(coordinator.state_counts().items()):
+                states.add_metric([name], count)
+            for outcome, count in sorted(coordinator.stats.items()):
+                outcomes.add_metric([outcome], count)
+        limit = self._broker.config["transaction.max.timeout.ms"] + 300_000
+        now = time.time() * 1000
+        count = 0
+        try:
+            parts = list(self._broker.logs.all_partitions())
+        except RuntimeError:
+            parts = []
+        for part in parts:
+            entries = part.producers.entries
+            if any(now - entries[pid].last_append_ms > limit for pid in list(part.producers.ongoing) if pid in entries):
+                count += 1
+        late.add_metric([], count)
+        yield from (states, outcomes, late)
 
 
 class BrokerMetrics:
@@ -97,6 +138,9 @@ class BrokerMetrics:
     def watch_partitions(self, logs: Callable[[], Iterable[tuple[str, int, Any]]],
                          partitions: Callable[[], Iterable[Any]] | None = None) -> None:
         self.registry.register(_PartitionCollector(logs, partitions))
+
+    def watch_transactions(self, broker: Any) -> None:
+        self.registry.register(_TransactionCollector(broker))
 
     def serve(self, host: str, port: int) -> int:
         server, _thread = start_http_server(port, addr=host, registry=self.registry)

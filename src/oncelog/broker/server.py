@@ -90,6 +90,7 @@ class Broker:
         self.host, self.port = sock.getsockname()[:2]
         if self.metrics_listen is not None:
             self.metrics.watch_partitions(self._partition_snapshot, self.logs.all_partitions)
+            self.metrics.watch_transactions(self)
             self.metrics_port = self.metrics.serve(*self.metrics_listen)
         self._tasks = [
             loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),
