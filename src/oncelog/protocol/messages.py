@@ -35,11 +35,32 @@ def decode_request(api_key: int, version: int, body: memoryview) -> Any:
     if cls is None:
         raise ProtocolError(f"no codec for API key {api_key}")
     try:
-        return cls.decode(body, version=version)
+        message = cls.decode(body, version=version)
     except ProtocolError:
         raise
     except Exception as exc:  # the library raises IndexError/ValueError/struct.error on bad input
         raise ProtocolError(f"malformed {cls.__name__} v{version}: {exc!r}") from None
+    _check_nulls(cls._struct, message, version, cls.__name__)
+    return message
+
+
+def _check_nulls(struct: Any, value: Any, version: int, where: str) -> None:
+    """Reject null where the schema does not allow it (the library decodes a -1 length as None anyway),
+    so handlers can trust every array and string they iterate."""
+    for name, field in struct.fields.items():
+        if not field.for_version_q(version) or field.tagged_field_q(version):
+            continue
+        item = getattr(value, name, None)
+        if item is None:
+            if (field.is_array() or field.type_str in ("string", "bytes")) and \
+                    not field.nullable_for_version_q(version):
+                raise ProtocolError(f"malformed {where} v{version}: null {name}")
+            continue
+        if field.is_struct_array():
+            for element in item:
+                _check_nulls(field, element, version, where)
+        elif field.is_struct():
+            _check_nulls(field, item, version, where)
 
 
 def _build(cls: Any, data: Any) -> Any:
