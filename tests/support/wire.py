@@ -11,7 +11,6 @@ import struct
 from typing import Any
 
 
-
 class Wire:
     def __init__(self, bootstrap: str, timeout: float = 30.0, client_id: str = "wire-test") -> None:
         host, port = bootstrap.rsplit(":", 1)
