@@ -64,13 +64,19 @@ def _coerce(key: ConfigKey, raw: Any) -> Any:
                 raise ValueError("expected true or false")
             return text == "true"
         if key.type in (TYPE_INT, TYPE_SHORT, TYPE_LONG):
-            value = int(str(raw).strip())
+            text = str(raw).strip()
+            if not text.lstrip("+-").isdigit():
+                raise ValueError("expected a whole number")
+            value = int(text)
             limit = {TYPE_INT: INT_MAX, TYPE_SHORT: 32767, TYPE_LONG: LONG_MAX}[key.type]
             if not -limit - 1 <= value <= limit:
                 raise ValueError("out of range for its type")
             return value
         if key.type == TYPE_DOUBLE:
-            return float(str(raw).strip())
+            try:
+                return float(str(raw).strip())
+            except ValueError:
+                raise ValueError("expected a number") from None
         if key.type == TYPE_LIST:
             if isinstance(raw, (list, tuple)):
                 return [str(x).strip() for x in raw if str(x).strip()]

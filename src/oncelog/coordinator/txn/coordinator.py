@@ -44,9 +44,11 @@ TXN_TOPIC = "__transaction_state"
 OFFSETS_TOPIC = "__consumer_offsets"
 COORDINATOR_EPOCH = 0  # one broker, never failed over
 
-# First request versions that know TRANSACTION_ABORTABLE (120).
-ABORTABLE_SINCE = {"AddPartitionsToTxn": 5, "AddOffsetsToTxn": 4, "EndTxn": 4, "TxnOffsetCommit": 4,
-                   "InitProducerId": 5, "Produce": 11}
+# Where a timed-out owner is told TRANSACTION_ABORTABLE (120) rather than UNKNOWN_PRODUCER_ID (59): only
+# TxnOffsetCommit v4+. On EndTxn, AddPartitionsToTxn and AddOffsetsToTxn the Java client (4.4) handles 120
+# without asking for an epoch bump, so its next transaction fails again, while 59 makes both it and
+# librdkafka abort *and* bump; on TxnOffsetCommit the Java client has no case for 59 (fatal).
+ABORTABLE_SINCE = {"TxnOffsetCommit": 4}
 # First versions that know PRODUCER_FENCED (90); older ones get INVALID_PRODUCER_EPOCH.
 FENCED_SINCE = {"AddPartitionsToTxn": 2, "AddOffsetsToTxn": 2, "EndTxn": 2, "InitProducerId": 4,
                 "TxnOffsetCommit": 0}
@@ -201,9 +203,8 @@ class TransactionCoordinator:
 
     @staticmethod
     def _abortable(api: str, version: int) -> ErrorCode:
-        """An answer every client treats as 'abort the transaction and go on' (research/client-reactions.md):
-        TRANSACTION_ABORTABLE where the version knows it, else UNKNOWN_PRODUCER_ID, which librdkafka and the
-        Java client (TV1) both handle as abortable with an epoch bump."""
+        """An answer every client treats as 'abort the transaction, bump the epoch and go on'
+        (docs/client-reactions.md): UNKNOWN_PRODUCER_ID, except where ABORTABLE_SINCE says otherwise."""
         if version >= ABORTABLE_SINCE.get(api, 1 << 15):
             return ErrorCode.TRANSACTION_ABORTABLE
         return ErrorCode.UNKNOWN_PRODUCER_ID
