@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from ..config import BrokerConfig
+from ..coordinator.group import GroupCoordinator
 from ..coordinator.txn.coordinator import TransactionCoordinator
 from ..coordinator.txn.producer_ids import ProducerIdManager
 from ..storage.flusher import GroupCommitFlusher
@@ -55,6 +56,7 @@ class Broker:
         self.logs = LogManager(self.data_dir, config, self.flusher)
         self.producer_ids = ProducerIdManager(self.data_dir / "__oncelog_meta" / "producer-ids.json")
         self.txn_coordinator: TransactionCoordinator | None = None
+        self.group_coordinator: GroupCoordinator | None = None
         self.dispatcher = Dispatcher(self, HANDLERS)
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
@@ -83,8 +85,11 @@ class Broker:
         self.txn_coordinator = TransactionCoordinator(self)
         self.txn_coordinator.startup()
         self.logs.set_verify_transaction(self.txn_coordinator.verify_partition)
+        self.group_coordinator = GroupCoordinator.for_broker(self)
+        self.group_coordinator.startup()
         self.flusher.start()
         self.txn_coordinator.start()
+        self.group_coordinator.start()
         self._server = await loop.create_server(lambda: Connection(self), self.host, self.port, backlog=1024)
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
@@ -115,6 +120,8 @@ class Broker:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         if self.txn_coordinator is not None:
             await self.txn_coordinator.stop()
+        if self.group_coordinator is not None:
+            await self.group_coordinator.stop()
         await self.flusher.stop()
         self.logs.shutdown()
         self.metrics.stop()

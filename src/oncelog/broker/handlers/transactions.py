@@ -69,6 +69,7 @@ async def handle_txn_offset_commit(broker: Broker, ctx: RequestContext, body: me
                 req.group_id, req.producer_id, req.producer_epoch, offsets,
                 generation_id=getattr(req, "generation_id", -1), member_id=getattr(req, "member_id", ""),
                 group_instance_id=getattr(req, "group_instance_id", None),
+                transactional_id=req.transactional_id,
             )
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for topic, partition, *_ in offsets:

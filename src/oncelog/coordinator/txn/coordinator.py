@@ -253,11 +253,22 @@ class TransactionCoordinator:
         target.timed_out = False
         if given and producer_id == meta.producer_id and epoch == meta.last_producer_epoch \
                 and epoch != meta.producer_epoch:
-            # A retry of a bump that already happened (also across a restart): answer, do not fence.
-            return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
+            if meta.producer_epoch <= EXHAUSTED_EPOCH:
+                # A retry of a bump that already happened (also across a restart): answer, do not fence.
+                return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
+            # The coordinator fenced at the reserved epoch (a timeout at 32766): the owner continues under a
+            # new producer id, so 32767 is never handed out and can always fence.
+            target.previous_producer_id = meta.producer_id
+            target.producer_id = self.broker.producer_ids.next_id()
+            target.producer_epoch = 0
+            target.last_producer_epoch = epoch
+            return await self._apply_init(meta, target)
         if given and producer_id == meta.previous_producer_id and producer_id != meta.producer_id:
-            # A retry of a bump that rotated the producer id.
-            return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
+            # A retry of the bump that rotated the producer id, from the owner it was made for; anyone else
+            # holding the old id is a zombie.
+            if epoch == meta.last_producer_epoch:
+                return InitResult(ErrorCode.NONE, meta.producer_id, meta.producer_epoch)
+            return InitResult(self._fenced("InitProducerId", version))
         if meta.producer_epoch >= EXHAUSTED_EPOCH and (not given or epoch == meta.producer_epoch):
             target.previous_producer_id = meta.producer_id
             target.producer_id = self.broker.producer_ids.next_id()
@@ -271,6 +282,9 @@ class TransactionCoordinator:
             target.last_producer_epoch = meta.producer_epoch
         else:
             return InitResult(self._fenced("InitProducerId", version))
+        return await self._apply_init(meta, target)
+
+    async def _apply_init(self, meta: TransactionMetadata, target: TransactionMetadata) -> InitResult:
         meta.pending = True
         try:
             error = await self._transition(meta, target)
@@ -385,16 +399,17 @@ class TransactionCoordinator:
                 part = self.broker.logs.get_partition(topic, index)
                 if part is None:
                     continue  # the topic was deleted meanwhile
-                if topic == OFFSETS_TOPIC:
-                    groups = getattr(self.broker, "group_coordinator", None)
-                    if groups is not None:
-                        groups.complete_txn(meta.producer_id, commit, index)
                 result = part.append_marker(meta.producer_id, meta.producer_epoch, commit, COORDINATOR_EPOCH, now)
                 if result.error:
                     log.warning("marker for producer %d on %s: %s", meta.producer_id, part.name, result.message)
                     if result.error == ErrorCode.KAFKA_STORAGE_ERROR:
                         return ErrorCode.COORDINATOR_NOT_AVAILABLE  # stays Prepare*: retried at the next start
                     continue
+                if topic == OFFSETS_TOPIC:
+                    # Offsets become visible (or are dropped) once the marker is in the log, as in Kafka.
+                    groups = getattr(self.broker, "group_coordinator", None)
+                    if groups is not None:
+                        groups.complete_txn(meta.producer_id, commit, index)
                 waits.append(self.broker.flusher.wait_durable(part.log, result.last_offset + 1))
             if waits:
                 outcomes = await asyncio.gather(*waits, return_exceptions=True)
@@ -530,7 +545,7 @@ class TransactionCoordinator:
         now = now_ms()
         out = []
         for meta in self.txns.values():
-            if wanted and meta.state not in wanted:
+            if states and meta.state not in wanted:
                 continue
             if producer_ids and meta.producer_id not in producer_ids:
                 continue

@@ -1,0 +1,189 @@
+"""Group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups,
+DeleteGroups. The rules live in coordinator/group/; this is the wire and its per-version shapes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ...coordinator.group.api import JoinRequest, LeavingMember
+from ...errors import ErrorCode
+from ...protocol.apis import ApiKey
+from ...protocol.messages import decode_request, encode_response
+from .common import UNKNOWN_AUTHORIZED_OPERATIONS
+
+if TYPE_CHECKING:
+    from ...coordinator.group import GroupCoordinator
+    from ..dispatch import RequestContext
+    from ..server import Broker
+
+KEY_TYPE_GROUP = 0
+KEY_TYPE_TRANSACTION = 1
+# READ (3), DELETE (6) and DESCRIBE (8) on a group, as the bit positions the codec takes: everything is
+# allowed on a broker without ACLs.
+GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})
+
+
+def coordinator_of(broker: Broker) -> GroupCoordinator | None:
+    return getattr(broker, "group_coordinator", None)
+
+
+def client_host(ctx: RequestContext) -> str:
+    """The client's address as Kafka shows it (InetAddress.toString: "/127.0.0.1")."""
+    return "/" + ctx.connection.peer.rpartition(":")[0]
+
+
+# -- FindCoordinator ------------------------------------------------------------------------------------------
+def _find(broker: Broker, key: str, key_type: int) -> tuple[ErrorCode, str | None]:
+    if key_type == KEY_TYPE_GROUP:
+        if coordinator_of(broker) is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "The group coordinator is not running"
+        return ErrorCode.NONE, None
+    if key_type == KEY_TYPE_TRANSACTION:
+        if getattr(broker, "txn_coordinator", None) is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "The transaction coordinator is not running"
+        return ErrorCode.NONE, None
+    return ErrorCode.INVALID_REQUEST, f"Unknown coordinator key type {key_type}"
+
+
+async def handle_find_coordinator(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.FIND_COORDINATOR, ctx.api_version, body)
+    version = ctx.api_version
+    key_type = req.key_type if version >= 1 else KEY_TYPE_GROUP
+    host, port = broker.advertised
+
+    def answer(key: str) -> dict[str, Any]:
+        error, message = _find(broker, key, key_type)
+        ok = error == ErrorCode.NONE
+        return {"key": key, "error_code": error, "error_message": message, "node_id": broker.node_id if ok else -1,
+                "host": host if ok else "", "port": port if ok else -1}
+
+    if version >= 4:
+        data: dict[str, Any] = {"throttle_time_ms": 0, "coordinators": [answer(k) for k in req.coordinator_keys]}
+    else:
+        data = answer(req.key)
+        del data["key"]
+        data["throttle_time_ms"] = 0
+    return encode_response(ApiKey.FIND_COORDINATOR, version, data)
+
+
+# -- JoinGroup / SyncGroup / Heartbeat / LeaveGroup -------------------------------------------------------------
+async def handle_join_group(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.JOIN_GROUP, ctx.api_version, body)
+    version = ctx.api_version
+    groups = coordinator_of(broker)
+    data: dict[str, Any] = {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                            "generation_id": -1, "protocol_type": None, "protocol_name": None if version >= 7 else "",
+                            "leader": "", "skip_assignment": False, "member_id": req.member_id, "members": []}
+    if groups is not None:
+        result = await groups.join_group(JoinRequest(
+            group_id=req.group_id, member_id=req.member_id,
+            group_instance_id=req.group_instance_id if version >= 5 else None,
+            client_id=ctx.client_id or "", client_host=client_host(ctx),
+            session_timeout_ms=req.session_timeout_ms,
+            rebalance_timeout_ms=req.rebalance_timeout_ms if version >= 1 else req.session_timeout_ms,
+            protocol_type=req.protocol_type,
+            protocols=[(p.name, bytes(p.metadata)) for p in req.protocols],
+            require_known_member_id=version >= 4, supports_skip_assignment=version >= 9,
+            reason=req.reason if version >= 8 else None,
+        ))
+        data.update(
+            error_code=result.error, generation_id=result.generation_id, member_id=result.member_id,
+            protocol_type=result.protocol_type if result.error == ErrorCode.NONE else None,
+            protocol_name=result.protocol_name if result.protocol_name is not None or version >= 7 else "",
+            leader=result.leader, skip_assignment=result.skip_assignment,
+            members=[{"member_id": m, "group_instance_id": i, "metadata": md} for m, i, md in result.members],
+        )
+        if version < 7 and data["protocol_name"] is None:
+            data["protocol_name"] = ""
+    return encode_response(ApiKey.JOIN_GROUP, version, data)
+
+
+async def handle_sync_group(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.SYNC_GROUP, ctx.api_version, body)
+    version = ctx.api_version
+    groups = coordinator_of(broker)
+    data: dict[str, Any] = {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                            "protocol_type": None, "protocol_name": None, "assignment": b""}
+    if groups is not None:
+        result = await groups.sync_group(
+            req.group_id, req.generation_id, req.member_id, req.group_instance_id if version >= 3 else None,
+            req.protocol_type if version >= 5 else None, req.protocol_name if version >= 5 else None,
+            {a.member_id: bytes(a.assignment) for a in req.assignments},
+        )
+        data.update(error_code=result.error, protocol_type=result.protocol_type, protocol_name=result.protocol_name,
+                    assignment=result.assignment)
+    return encode_response(ApiKey.SYNC_GROUP, version, data)
+
+
+async def handle_heartbeat(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.HEARTBEAT, ctx.api_version, body)
+    groups = coordinator_of(broker)
+    error = ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if groups is not None:
+        error = groups.heartbeat(req.group_id, req.generation_id, req.member_id,
+                                 req.group_instance_id if ctx.api_version >= 3 else None)
+    return encode_response(ApiKey.HEARTBEAT, ctx.api_version, {"throttle_time_ms": 0, "error_code": error})
+
+
+async def handle_leave_group(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.LEAVE_GROUP, ctx.api_version, body)
+    version = ctx.api_version
+    if version >= 3:
+        leaving = [LeavingMember(m.member_id, m.group_instance_id, m.reason if version >= 5 else None)
+                   for m in req.members]
+    else:
+        leaving = [LeavingMember(req.member_id)]
+    groups = coordinator_of(broker)
+    if groups is None:
+        error, errors = ErrorCode.COORDINATOR_NOT_AVAILABLE, []
+    else:
+        error, errors = groups.leave_group(req.group_id, leaving)
+    if version < 3 and error == ErrorCode.NONE and errors:
+        error = errors[0]  # one member, no per-member answers: its error is the answer
+    members = [{"member_id": lm.member_id, "group_instance_id": lm.group_instance_id, "error_code": e}
+               for lm, e in zip(leaving, errors, strict=False)]
+    return encode_response(ApiKey.LEAVE_GROUP, version,
+                           {"throttle_time_ms": 0, "error_code": error, "members": members})
+
+
+# -- DescribeGroups / ListGroups / DeleteGroups -------------------------------------------------------------
+async def handle_describe_groups(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.DESCRIBE_GROUPS, ctx.api_version, body)
+    groups = coordinator_of(broker)
+    wants_ops = ctx.api_version >= 3 and req.include_authorized_operations
+    described = []
+    for group_id in req.groups:
+        if groups is None:
+            entry: dict[str, Any] = {"group_id": group_id, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                     "group_state": "", "protocol_type": "", "protocol_data": "", "members": []}
+        else:
+            entry = groups.describe_group(group_id)
+            entry["error_code"] = ErrorCode.NONE
+        entry["authorized_operations"] = GROUP_AUTHORIZED_OPERATIONS if wants_ops else UNKNOWN_AUTHORIZED_OPERATIONS
+        described.append(entry)
+    return encode_response(ApiKey.DESCRIBE_GROUPS, ctx.api_version, {"throttle_time_ms": 0, "groups": described})
+
+
+async def handle_list_groups(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.LIST_GROUPS, ctx.api_version, body)
+    groups = coordinator_of(broker)
+    if groups is None:
+        data = {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "groups": []}
+    else:
+        states = list(req.states_filter) if ctx.api_version >= 4 and req.states_filter else []
+        listed = [dict(g, group_type="classic") for g in groups.list_groups(states)]
+        data = {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "groups": listed}
+    return encode_response(ApiKey.LIST_GROUPS, ctx.api_version, data)
+
+
+async def handle_delete_groups(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+    req = decode_request(ApiKey.DELETE_GROUPS, ctx.api_version, body)
+    groups = coordinator_of(broker)
+    names = list(dict.fromkeys(req.groups_names))
+    if groups is None:
+        results = {name: ErrorCode.COORDINATOR_NOT_AVAILABLE for name in names}
+    else:
+        results = await groups.delete_groups(names)
+    data = {"throttle_time_ms": 0,
+            "results": [{"group_id": name, "error_code": results[name]} for name in names]}
+    return encode_response(ApiKey.DELETE_GROUPS, ctx.api_version, data)
