@@ -460,9 +460,31 @@ def test_state_outlives_deleted_records(broker_factory, topic_name, restart):
         assert accepted(w, topic_name, idem(pid, 0, seq + n + 2, 1, "again")) == end + 2
 
 
-def test_expiry(broker_factory, topic_name):
-    broker = broker_factory({"producer.id.expiration.ms": 2000, "producer.id.expiration.check.interval.ms": 500},
+def test_idle_producer_keeps_its_sequence_until_forgotten(broker_factory, topic_name):
+    """After producer.id.expiration.ms of idleness only the cached batches go: the producer continues at its next
+    sequence, and a retry of its last batch is a window duplicate (46), not an unknown producer."""
+    broker = broker_factory({"producer.id.expiration.ms": 1000, "producer.id.expiration.check.interval.ms": 300},
                             metrics=True)
+    bs = broker.bootstrap
+    create_topic(bs, topic_name, 1)
+    with Wire(bs) as w:
+        pid, _ = init_pid(w)
+        write_batches(w, topic_name, pid, 3, tag="before")  # sequences 0, 1-2, 3-5
+        end = hwm(w, topic_name)
+        deadline = time.monotonic() + 10
+        while metric(scrape(broker.metrics_port), "oncelog_producer_state_verdicts_total", rule="cache_expired") < 1:
+            assert time.monotonic() < deadline, "the idle producer's cached batches never expired"
+            time.sleep(0.2)
+        assert pid in producers_of(w, topic_name)
+        part = send(w, topic_name, idem(pid, 0, 3, 3, "retry"))
+        assert (part.error_code, part.base_offset) == (DUPLICATE_SEQUENCE_NUMBER, -1), part
+        assert hwm(w, topic_name) == end
+        assert accepted(w, topic_name, idem(pid, 0, 6, 1, "next")) == end
+
+
+def test_expiry(broker_factory, topic_name):
+    broker = broker_factory({"producer.id.expiration.ms": 2000, "producer.id.expiration.check.interval.ms": 500,
+                             "transactional.id.expiration.ms": 2000}, metrics=True)
     bs = broker.bootstrap
     create_topic(bs, topic_name, 1)
     with Wire(bs) as w:

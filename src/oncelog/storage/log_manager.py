@@ -438,12 +438,14 @@ class LogManager:
         return list(self._partitions.values())
 
     def expire_producers(self, now_ms: int | None = None) -> int:
-        """Drop producer state idle longer than producer.id.expiration.ms (never with an open transaction)."""
+        """Age idle producer state: cached batches after producer.id.expiration.ms, the whole entry after
+        transactional.id.expiration.ms (never with an open transaction)."""
         now = self._now_ms() if now_ms is None else now_ms
         limit = self.config["producer.id.expiration.ms"]
+        forget = self.config["transactional.id.expiration.ms"]
         count = 0
         for part in list(self._partitions.values()):
-            gone = part.expire_producers(now, limit)
+            gone = part.expire_producers(now, limit, forget)
             if gone:
                 log.info("%s: expired producer state of %s", part.name, gone)
                 count += len(gone)

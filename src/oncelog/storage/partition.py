@@ -276,8 +276,8 @@ class Partition:
         next_base = segments[0].base_offset if segments else self.log.log_end_offset
         self.txn_index.drop_segment(base, next_base)
 
-    def expire_producers(self, now_ms: int, expiration_ms: int) -> list[int]:
-        return self.producers.expire(now_ms, expiration_ms)
+    def expire_producers(self, now_ms: int, expiration_ms: int, forget_ms: int | None = None) -> list[int]:
+        return self.producers.expire(now_ms, expiration_ms, forget_ms)
 
     def close(self) -> None:
         if not self.log.offline:

@@ -45,7 +45,7 @@ DUPLICATE_WINDOW = 1000
 SNAPSHOT_SUFFIX = ".snapshot"
 # Kafka's producer snapshot is version 1 and holds one batch per producer. Version 2 is
 # oncelog's: every cached batch, the broker-time of the last append, the last epoch.
-SNAPSHOT_VERSION = 2
+SNAPSHOT_VERSION = 3
 SNAPSHOTS_KEPT = 3
 
 
@@ -67,10 +67,13 @@ class ProducerEntry:
     last_append_ms: int = -1  # broker clock at the last append or marker: what expiry measures
     current_txn_first_offset: int = -1
     batches: deque[CachedBatch] = field(default_factory=deque)
+    # The last sequence once the cached batches were dropped for idleness: enough for the producer to
+    # continue where it stopped (sequence floor + 1) and for window duplicates to be recognised.
+    floor_seq: int = -1
 
     @property
     def last_seq(self) -> int:
-        return self.batches[-1].last_seq if self.batches else -1
+        return self.batches[-1].last_seq if self.batches else self.floor_seq
 
     @property
     def last_offset(self) -> int:
@@ -180,6 +183,7 @@ class ProducerStateManager:
         if header.producer_epoch != entry.epoch:
             entry.epoch = header.producer_epoch
             entry.batches.clear()
+            entry.floor_seq = -1
         last_offset = base_offset + header.last_offset_delta
         if header.base_sequence >= 0:
             entry.batches.append(CachedBatch(
@@ -223,6 +227,7 @@ class ProducerStateManager:
         if epoch != entry.epoch:
             entry.epoch = epoch
             entry.batches.clear()
+            entry.floor_seq = -1
         entry.coordinator_epoch = coordinator_epoch
         entry.last_timestamp = timestamp
         entry.last_append_ms = now_ms
@@ -238,14 +243,27 @@ class ProducerStateManager:
         return min(self.ongoing.values()) if self.ongoing else None
 
     # -- expiry -----------------------------------------------------------------------------------------
-    def expire(self, now_ms: int, expiration_ms: int) -> list[int]:
-        """Forget producers idle longer than `expiration_ms` with no open transaction."""
-        gone = [
-            pid for pid, e in self.entries.items()
-            if e.current_txn_first_offset < 0 and now_ms - e.last_append_ms >= expiration_ms
-        ]
-        for pid in gone:
-            del self.entries[pid]
+    def expire(self, now_ms: int, expiration_ms: int, forget_ms: int | None = None) -> list[int]:
+        """Age out idle producers (never one with an open transaction); return the ids forgotten.
+
+        After `expiration_ms` (producer.id.expiration.ms) of idleness a producer's cached batches go and
+        only its epoch and last sequence stay, so a producer that comes back simply continues. After
+        `forget_ms` (transactional.id.expiration.ms, the seed's choice in KIP-360; default: the same as
+        `expiration_ms`) it is forgotten, and its next batch is answered UNKNOWN_PRODUCER_ID.
+        """
+        forget_ms = expiration_ms if forget_ms is None else max(forget_ms, expiration_ms)
+        gone = []
+        for pid, entry in list(self.entries.items()):
+            if entry.current_txn_first_offset >= 0:
+                continue
+            idle = now_ms - entry.last_append_ms
+            if idle >= forget_ms:
+                del self.entries[pid]
+                gone.append(pid)
+            elif idle >= expiration_ms and entry.batches:
+                entry.floor_seq = entry.batches[-1].last_seq
+                entry.batches.clear()
+                self.stats["cache_expired"] = self.stats.get("cache_expired", 0) + 1
         return gone
 
     # -- snapshots --------------------------------------------------------------------------------------
@@ -298,11 +316,12 @@ class ProducerStateManager:
 # -- snapshot format ----------------------------------------------------------------------------------------
 # int16 version, uint32 crc32c of the rest, int32 count, then per producer:
 #   int64 pid, int16 epoch, int32 coordinator epoch, int64 last timestamp, int64 last append ms,
-#   int64 txn first offset, int32 batch count, then per batch:
+#   int64 txn first offset, int32 floor sequence (v3), int32 batch count, then per batch:
 #   int32 first seq, int32 last seq, int64 first offset, int64 last offset, int64 max timestamp
 _HEAD = struct.Struct(">hI")
 _COUNT = struct.Struct(">i")
-_ENTRY = struct.Struct(">qhiqqqi")
+_ENTRY = struct.Struct(">qhiqqqii")
+_ENTRY_V2 = struct.Struct(">qhiqqqi")
 _BATCH = struct.Struct(">iiqqq")
 
 
@@ -312,7 +331,7 @@ def encode_snapshot(entries: Iterable[ProducerEntry]) -> bytes:
     body += _COUNT.pack(len(items))
     for e in items:
         body += _ENTRY.pack(e.producer_id, e.epoch, e.coordinator_epoch, e.last_timestamp, e.last_append_ms,
-                            e.current_txn_first_offset, len(e.batches))
+                            e.current_txn_first_offset, e.floor_seq, len(e.batches))
         for b in e.batches:
             body += _BATCH.pack(b.first_seq, b.last_seq, b.first_offset, b.last_offset, b.max_timestamp)
     return _HEAD.pack(SNAPSHOT_VERSION, crc32c.crc32c(bytes(body))) + bytes(body)
@@ -323,23 +342,29 @@ def decode_snapshot(data: bytes, max_batches: int = 5) -> list[ProducerEntry]:
     if len(data) < _HEAD.size + _COUNT.size:
         raise ValueError("snapshot too short")
     version, crc = _HEAD.unpack_from(data, 0)
-    if version != SNAPSHOT_VERSION:
+    if version not in (2, SNAPSHOT_VERSION):
         raise ValueError(f"unknown snapshot version {version}")
     body = memoryview(data)[_HEAD.size:]
     if crc32c.crc32c(body) != crc:
         raise ValueError("snapshot CRC mismatch")
-    return list(_iter_entries(body, max_batches))
+    return list(_iter_entries(body, max_batches, version))
 
 
-def _iter_entries(body: memoryview, max_batches: int) -> Iterator[ProducerEntry]:
+def _iter_entries(body: memoryview, max_batches: int, version: int = SNAPSHOT_VERSION) -> Iterator[ProducerEntry]:
+    entry_struct = _ENTRY if version >= 3 else _ENTRY_V2
     try:
         (count,) = _COUNT.unpack_from(body, 0)
         pos = _COUNT.size
-        if count < 0 or count * _ENTRY.size > len(body):
+        if count < 0 or count * entry_struct.size > len(body):
             raise ValueError("impossible producer count")
         for _ in range(count):
-            pid, epoch, coord, last_ts, last_append, txn_first, nbatches = _ENTRY.unpack_from(body, pos)
-            pos += _ENTRY.size
+            if version >= 3:
+                pid, epoch, coord, last_ts, last_append, txn_first, floor, nbatches = entry_struct.unpack_from(
+                    body, pos)
+            else:
+                pid, epoch, coord, last_ts, last_append, txn_first, nbatches = entry_struct.unpack_from(body, pos)
+                floor = -1
+            pos += entry_struct.size
             if nbatches < 0 or pos + nbatches * _BATCH.size > len(body):
                 raise ValueError("impossible batch count")
             batches: deque[CachedBatch] = deque()
@@ -348,7 +373,7 @@ def _iter_entries(body: memoryview, max_batches: int) -> Iterator[ProducerEntry]
                 pos += _BATCH.size
             while len(batches) > max_batches:
                 batches.popleft()
-            yield ProducerEntry(pid, epoch, coord, last_ts, last_append, txn_first, batches)
+            yield ProducerEntry(pid, epoch, coord, last_ts, last_append, txn_first, batches, floor)
         if pos != len(body):
             raise ValueError("trailing bytes in snapshot")
     except struct.error as exc:

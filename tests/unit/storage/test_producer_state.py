@@ -605,3 +605,20 @@ def test_state_outlives_deleted_records(open_log, crash, restart, segment_bytes)
     last_seq = sent[-1][0] + sent[-1][1]
     result = put(part, PID, 0, last_seq, 2, "next")
     assert (result.error, result.base_offset, result.duplicate) == (NONE, end, False)
+
+
+def test_idle_producer_loses_its_cache_but_keeps_its_place(log):
+    """producer.id.expiration.ms drops the cached batches; the epoch and last sequence stay until the producer is
+    forgotten (transactional.id.expiration.ms), so a returning producer continues."""
+    mgr = log.mgr
+    log.now = 10_000
+    five_batches(log, PID)
+    last = mgr.entries[PID].last_seq
+    assert mgr.expire(now_ms=16_000, expiration_ms=5_000, forget_ms=60_000) == []
+    entry = mgr.entries[PID]
+    assert not entry.batches and entry.floor_seq == last == entry.last_seq
+    assert log.send(PID, 0, last, 1) == (DUPLICATE_SEQUENCE_NUMBER, -1)  # a retry: no longer cached, in window
+    assert log.send(PID, 0, last + 2)[0] == OUT_OF_ORDER_SEQUENCE_NUMBER  # a gap is still a gap
+    assert log.send(PID, 0, last + 1)[0] == NONE  # it continues where it stopped
+    assert mgr.expire(now_ms=10**9, expiration_ms=5_000, forget_ms=60_000) == [PID]
+    assert log.send(PID, 0, last + 2) == (UNKNOWN_PRODUCER_ID, -1)
