@@ -381,6 +381,11 @@ class TransactionCoordinator:
         target = meta.copy()
         target.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         target.producer_epoch = marker_epoch
+        return await self._prepare_and_complete(meta, target, commit)
+
+    async def _prepare_and_complete(self, meta: TransactionMetadata, target: TransactionMetadata,
+                                    commit: bool) -> ErrorCode:
+        """Persist PrepareX (`target`), then write the markers and persist CompleteX."""
         meta.pending = True
         error = await self._transition(meta, target)
         meta.pending = False
@@ -442,18 +447,8 @@ class TransactionCoordinator:
         target.producer_epoch = min(meta.producer_epoch + 1, MAX_EPOCH)
         target.state = TxnState.PREPARE_ABORT
         target.timed_out = timed_out
-        meta.pending = True
-        error = await self._transition(meta, target)
-        meta.pending = False
-        if error:
-            return error
-        current = self.txns[meta.transactional_id]
-        current.pending = True
-        if timed_out:
-            self.stats["timed_out"] += 1
-        else:
-            self.stats["fenced"] += 1
-        return await self._complete(current, False)
+        self.stats["timed_out" if timed_out else "fenced"] += 1
+        return await self._prepare_and_complete(meta, target, False)
 
     # -- background duties ------------------------------------------------------------------------------------
     async def abort_timed_out(self) -> int:
