@@ -140,8 +140,11 @@ class LogManager:
             marker.unlink()
             fsync_dir(self.data_dir)
         self.checkpoint()
-        log.info("loaded %d topics, %d partitions from %s (%s shutdown)", len(self.topics), len(self._logs),
-                 self.data_dir, "clean" if self.clean_startup else "unclean")
+        if not self.topics and not self.clean_startup:
+            how = "new or empty data directory"
+        else:
+            how = "after a clean shutdown" if self.clean_startup else "recovered after an unclean shutdown"
+        log.info("loaded %d topics, %d partitions from %s (%s)", len(self.topics), len(self._logs), self.data_dir, how)
 
     def shutdown(self) -> None:
         """Close every log (fsyncing it), write the checkpoints, then the clean-shutdown marker, last, and only
