@@ -21,6 +21,7 @@ from oncelog.records.builder import build_batch
 
 NONE = 0
 INVALID_PRODUCER_EPOCH = 47
+UNKNOWN_PRODUCER_ID = 59
 INVALID_TXN_STATE = 48
 CONCURRENT_TRANSACTIONS = 51
 PRODUCER_FENCED = 90
@@ -219,8 +220,10 @@ def test_reaper_fences_and_remembers_the_owners_epoch(tmp_path):
         assert part.aborted_transactions(0, part.log.high_watermark) == [(pid, first)]
         # The owner's late batch: refused as INVALID_PRODUCER_EPOCH by the partition, flagged as the owner's.
         assert node.append("x", pid, 0, 1).error == INVALID_PRODUCER_EPOCH
-        assert "timed out" in c.stale_epoch_answer(pid, 0)
-        assert c.stale_epoch_answer(pid, 1) is None
+        code, message = c.stale_epoch_answer(pid, 0, "librdkafka")
+        assert code == UNKNOWN_PRODUCER_ID and "timed out" in message
+        assert c.stale_epoch_answer(pid, 0, "apache-kafka-java")[0] == INVALID_PRODUCER_EPOCH
+        assert c.stale_epoch_answer(pid, 1, None) is None
         # It survives a restart (last epoch persisted) and the owner resumes.
         c = await node.restart()
         assert c.txns["x"].last_producer_epoch == 0

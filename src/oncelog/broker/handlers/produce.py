@@ -52,20 +52,16 @@ class _Slot:
 
 def _client_facing(broker: Broker, ctx: RequestContext, header: Any, error: ErrorCode,
                    message: str | None) -> tuple[ErrorCode, str | None]:
-    """Translate a refusal into the code this client version understands and recovers from.
-
-    A stale epoch from the rightful owner (its transaction timed out, KAFKA-9803) must reach the client
-    as abortable: the Java client aborts on INVALID_PRODUCER_EPOCH from Produce, librdkafka only on
-    UNKNOWN_PRODUCER_ID (which also makes it bump its epoch); a fenced zombie keeps
-    INVALID_PRODUCER_EPOCH, fatal for both (research/client-reactions.md).
-    """
+    """Translate a refusal into the code this client version understands and recovers from; which code a
+    timed-out transaction's owner gets is the transaction coordinator's rule."""
     if error == ErrorCode.INVALID_PRODUCER_EPOCH and header.is_transactional and broker.txn_coordinator:
-        hint = broker.txn_coordinator.stale_epoch_answer(header.producer_id, header.producer_epoch)
-        if hint is not None:
-            java = (ctx.connection.client_software or "").startswith("apache-kafka-java")
-            return (ErrorCode.INVALID_PRODUCER_EPOCH if java else ErrorCode.UNKNOWN_PRODUCER_ID), hint
+        answer = broker.txn_coordinator.stale_epoch_answer(
+            header.producer_id, header.producer_epoch, ctx.connection.client_software
+        )
+        if answer is not None:
+            return answer
     if error == ErrorCode.TRANSACTION_ABORTABLE and ctx.api_version <= 10:
-        return ErrorCode.INVALID_TXN_STATE, message
+        return ErrorCode.INVALID_TXN_STATE, message  # Produce v10 and older do not know code 120
     return error, message
 
 

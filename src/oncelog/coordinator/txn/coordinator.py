@@ -494,14 +494,22 @@ class TransactionCoordinator:
                 f"{topic}-{partition} is not part of the ongoing transaction of {txn_id!r}")
         return ErrorCode.NONE, None
 
-    def stale_epoch_answer(self, producer_id: int, epoch: int) -> str | None:
-        """For a Produce refused for an old epoch: a message when the sender is the rightful owner whose
-        epoch the coordinator bumped (it may abort and go on), None when it is a fenced zombie."""
+    def stale_epoch_answer(self, producer_id: int, epoch: int,
+                           client_software: str | None) -> tuple[ErrorCode, str] | None:
+        """For a Produce refused for an old epoch: the abortable answer when the sender is the rightful owner
+        whose epoch the coordinator bumped (its transaction timed out, KAFKA-9803); None for a fenced zombie,
+        which keeps INVALID_PRODUCER_EPOCH (fatal for every client).
+
+        No single code is abortable-with-epoch-bump for every client (docs/client-reactions.md): the Java
+        client aborts on INVALID_PRODUCER_EPOCH from Produce, librdkafka and kafka-python only on
+        UNKNOWN_PRODUCER_ID, so the answer follows what the client announced in ApiVersions.
+        """
         txn_id = self.by_producer.get(producer_id)
         meta = self.txns.get(txn_id) if txn_id is not None else None
-        if meta is not None and meta.producer_id == producer_id and self._stale_owner(meta, epoch):
-            return self._stale_message(meta)
-        return None
+        if meta is None or meta.producer_id != producer_id or not self._stale_owner(meta, epoch):
+            return None
+        java = (client_software or "").startswith("apache-kafka-java")
+        return (ErrorCode.INVALID_PRODUCER_EPOCH if java else ErrorCode.UNKNOWN_PRODUCER_ID), self._stale_message(meta)
 
     @staticmethod
     def _stale_message(meta: TransactionMetadata) -> str:
