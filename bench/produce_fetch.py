@@ -14,6 +14,7 @@ import os
 import socket
 import statistics
 import struct
+import subprocess
 import sys
 import tempfile
 import time
@@ -153,22 +154,53 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def one_run(total_bytes: int, idempotent: bool) -> dict:
+JAVA_DIR = Path(__file__).resolve().parents[1] / "tests" / "interop" / "java"
+JAVA_JAR = JAVA_DIR / "target" / "oncelog-java-interop.jar"
+
+
+def build_java() -> None:
+    """Build the Java interop program (it has a produce-bench subcommand) if it is missing."""
+    if not JAVA_JAR.exists():
+        subprocess.run(["mvn", "-q", "-B", "-Dstyle.color=never", "package"], cwd=JAVA_DIR, check=True, timeout=600)
+
+
+def produce_java(bootstrap: str, topic: str, total_bytes: int, idempotent: bool) -> dict:
+    """The Java producer (kafka-clients) with the same settings; it keeps 5 requests in flight when idempotent."""
+    out = subprocess.run(
+        ["java", "-jar", str(JAVA_JAR), "produce-bench", "--bootstrap", bootstrap, "--topic", topic,
+         "--mb", str(total_bytes >> 20), "--partitions", str(PARTITIONS), "--idempotent", str(idempotent).lower(),
+         "--deadline-s", "900"],
+        capture_output=True, text=True, timeout=960,
+    )
+    result = json.loads(out.stdout)
+    if "fatal" in result:
+        raise RuntimeError(f"java producer failed: {result['fatal']}")
+    return {"records": result["records"], "seconds": result["seconds"], "mb_per_s": result["mb_per_s"],
+            "records_per_s": result["records_per_s"], "errors": result["errors"], "p50_ms": None, "p99_ms": None}
+
+
+def one_run(total_bytes: int, idempotent: bool, client: str = "confluent", read: bool = True) -> dict:
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp:
         broker = BrokerProcess(Path(tmp) / "data").start()
         try:
             admin = AdminClient({"bootstrap.servers": broker.bootstrap})
             admin.create_topics([NewTopic("bench", PARTITIONS, 1)])["bench"].result(30)
             cpu_before = cpu_seconds(broker.proc.pid)
-            p = produce(broker.bootstrap, "bench", total_bytes, idempotent)
+            producer = produce_java if client == "java" else produce
+            p = producer(broker.bootstrap, "bench", total_bytes, idempotent)
             p["broker_cpu_s_per_gib"] = (cpu_seconds(broker.proc.pid) - cpu_before) / (total_bytes / (1 << 30))
             per_partition = [p["records"] // PARTITIONS + (1 if i < p["records"] % PARTITIONS else 0)
                              for i in range(PARTITIONS)]
-            f = fetch_batches(broker.bootstrap, "bench", per_partition)
-            c = consume(broker.bootstrap, "bench", p["records"])
+            skipped = {"mb_per_s": None}
+            f = fetch_batches(broker.bootstrap, "bench", per_partition) if read else skipped
+            c = consume(broker.bootstrap, "bench", p["records"]) if read else skipped
         finally:
             broker.stop()
     return {"produce": p, "fetch": f, "consume": c}
+
+
+def _num(value: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if value is None else f"{value:>{width}.1f}"
 
 
 def main() -> int:
@@ -176,14 +208,27 @@ def main() -> int:
     parser.add_argument("--mb", type=int, default=1024, help="MiB produced and read back per run")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--modes", default="idempotent,plain", help="comma list of idempotent,plain")
+    parser.add_argument("--client", choices=("confluent", "java"), default="confluent",
+                        help="producer: confluent-kafka (librdkafka) or the Java client (needs java + mvn)")
+    parser.add_argument("--produce-only", action="store_true", help="skip the fetch and consume phases")
     args = parser.parse_args()
     total = args.mb * 1024 * 1024
+    modes = args.modes.split(",")
+    if args.client == "java":
+        build_java()
+    # Modes alternate run by run, and their order flips every round (A B, B A, ...): a run pays for the page-cache
+    # writeback of the run before it, so a fixed order would bias the comparison by more than the effect measured.
+    all_runs: dict[str, list[dict]] = {mode: [] for mode in modes}
+    for round_no in range(args.runs):
+        for mode in (modes if round_no % 2 == 0 else modes[::-1]):
+            all_runs[mode].append(one_run(total, mode == "idempotent", args.client, not args.produce_only))
     summary = {}
-    for mode in args.modes.split(","):
-        runs = [one_run(total, mode == "idempotent") for _ in range(args.runs)]
+    for mode in modes:
+        runs = all_runs[mode]
 
-        def med(path: tuple[str, str], runs: list[dict] = runs) -> float:
-            return statistics.median(r[path[0]][path[1]] for r in runs)
+        def med(path: tuple[str, str], runs: list[dict] = runs) -> float | None:
+            values = [r[path[0]][path[1]] for r in runs]
+            return None if None in values else statistics.median(values)
 
         summary[mode] = {
             "produce_mb_per_s": med(("produce", "mb_per_s")),
@@ -196,23 +241,26 @@ def main() -> int:
             "delivery_errors": sum(r["produce"]["errors"] for r in runs),
             "runs": runs,
         }
-    print(f"\nproduce/fetch, {args.mb} MiB of {RECORD} B records, {PARTITIONS} partitions, acks=all, linger 5 ms, "
+    print(f"\nproducer: {args.client}; produce/fetch, {args.mb} MiB of {RECORD} B records, {PARTITIONS} partitions, acks=all, linger 5 ms, "
           f"median of {args.runs}")
     print(f"{'mode':<12}{'produce MB/s':>14}{'records/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'broker CPU s/GiB':>18}"
           f"{'fetch MB/s':>12}{'consume MB/s':>14}{'errors':>8}")
     for mode, s in summary.items():
-        print(f"{mode:<12}{s['produce_mb_per_s']:>14.1f}{s['produce_records_per_s']:>12.0f}{s['produce_p50_ms']:>9.1f}"
-              f"{s['produce_p99_ms']:>9.1f}{s['broker_cpu_s_per_gib']:>18.2f}{s['fetch_mb_per_s']:>12.1f}"
-              f"{s['consume_mb_per_s']:>14.1f}{s['delivery_errors']:>8}")
+        p50, p99 = (f"{v:>9.1f}" if v is not None else f"{'-':>9}" for v in (s["produce_p50_ms"], s["produce_p99_ms"]))
+        print(f"{mode:<12}{s['produce_mb_per_s']:>14.1f}{s['produce_records_per_s']:>12.0f}{p50}"
+              f"{p99}{s['broker_cpu_s_per_gib']:>18.2f}{_num(s['fetch_mb_per_s'], 12)}"
+              f"{_num(s['consume_mb_per_s'], 14)}{s['delivery_errors']:>8}")
     print("fetch: batch reader over the wire (what the broker serves); consume: confluent-kafka consumer with a "
           "per-message Python loop (client-bound)")
     if "idempotent" in summary and "plain" in summary:
         cost = 1 - summary["idempotent"]["produce_mb_per_s"] / summary["plain"]["produce_mb_per_s"]
         cpu = summary["idempotent"]["broker_cpu_s_per_gib"] / summary["plain"]["broker_cpu_s_per_gib"] - 1
-        print(f"idempotence: {cost * 100:.1f}% less produce throughput end to end (librdkafka caps in-flight "
-              f"requests at 5 when idempotent), {cpu * 100:+.1f}% broker CPU per GiB")
+        cap = (" (librdkafka keeps one request in flight per partition when idempotent)"
+               if args.client == "confluent" else "")
+        print(f"idempotence: {cost * 100:.1f}% less produce throughput end to end{cap}, "
+              f"{cpu * 100:+.1f}% broker CPU per GiB")
     out = Path(__file__).parent / "results" / f"produce_fetch-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"mb": args.mb, "runs": args.runs, "summary": summary}, indent=2))
+    out.write_text(json.dumps({"mb": args.mb, "runs": args.runs, "client": args.client, "summary": summary}, indent=2))
     print(f"results: {out}")
     return 0
 

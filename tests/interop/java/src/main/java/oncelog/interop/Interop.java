@@ -144,6 +144,7 @@ public final class Interop {
                 case "txn-timeout" -> it.txnTimeout();
                 case "groups" -> it.groups();
                 case "kip664" -> it.kip664();
+                case "produce-bench" -> it.produceBench();
                 default -> usage("unknown subcommand " + command);
             }
         } catch (Throwable t) {
@@ -1346,4 +1347,53 @@ public final class Interop {
             sb.append('"');
         }
     }
+    // ------------------------------------------------------------------------------------------------------------
+    // produce-bench: throughput of the Java producer, driven by bench/produce_fetch.py --client java
+
+    /**
+     * Produces --mb MiB of 1 KiB records round-robin over --partitions partitions of an existing topic, with the
+     * bench's settings (acks=all, linger 5 ms, 1 MB batches), idempotence per --idempotent. The Java client keeps up
+     * to 5 requests in flight per connection with idempotence on, so it shows the broker-side cost of idempotence
+     * without librdkafka's per-partition message cap.
+     */
+    void produceBench() throws Exception {
+        String topic = opts.get("topic");
+        int nparts = intOpt("partitions", 4);
+        long count = (long) intOpt("mb", 256) * 1024;
+        boolean idempotent = Boolean.parseBoolean(opt("idempotent", "true"));
+        byte[] value = new byte[1024];
+        Arrays.fill(value, (byte) 'x');
+        long[] errors = new long[1];
+        Map<String, String> extra = new HashMap<>();
+        extra.put(ProducerConfig.ENABLE_IDEMPOTENCE_CONFIG, Boolean.toString(idempotent));
+        extra.put(ProducerConfig.BATCH_SIZE_CONFIG, "1000000");
+        extra.put(ProducerConfig.BUFFER_MEMORY_CONFIG, Long.toString(1L << 30));
+        extra.put(ProducerConfig.MAX_REQUEST_SIZE_CONFIG, "10485760");
+        extra.put(ProducerConfig.DELIVERY_TIMEOUT_MS_CONFIG, "120000");
+        extra.put(ProducerConfig.MAX_BLOCK_MS_CONFIG, "120000");
+        long start;
+        long elapsed;
+        try (KafkaProducer<byte[], byte[]> producer = producer("bench-producer", extra)) {
+            producer.partitionsFor(topic);
+            start = System.nanoTime();
+            for (long i = 0; i < count; i++) {
+                producer.send(new ProducerRecord<>(topic, (int) (i % nparts), null, value), (md, e) -> {
+                    if (e != null) {
+                        synchronized (errors) {
+                            errors[0]++;
+                        }
+                    }
+                });
+            }
+            producer.flush();
+            elapsed = System.nanoTime() - start;
+        }
+        double seconds = elapsed / 1e9;
+        put("records", count);
+        put("seconds", seconds);
+        put("mb_per_s", count * 1024 / seconds / 1e6);
+        put("records_per_s", count / seconds);
+        put("errors", errors[0]);
+    }
+
 }
