@@ -1,0 +1,345 @@
+"""Fault runs: a real broker behind a misbehaving proxy, workload processes, a nemesis, then the checker.
+
+`python -m tests.faults.runner --runs N --seed S --seconds T [--workloads ...] [--nemeses ...]` prints a table
+(runs, faults, operations, every anomaly count) and writes JSON. One run = one workload under one nemesis mix:
+1. start a broker (fresh data dir) that advertises the proxy's address, and the proxy;
+2. start the workload's worker processes (they stop by themselves after T seconds);
+3. the nemesis injects faults at random (seeded) moments until T, then heals everything;
+4. wait for the workers, wait for every last stable offset to reach its high watermark, read every partition
+   from the start (read_committed and read_uncommitted, straight to the broker), and check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import IsolationLevel, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
+
+from oncelog.embedded import BrokerProcess
+from tests.faults.checker import ANOMALIES, FinalRead, Report, check
+from tests.faults.history import HistoryWriter, read_events
+from tests.faults.proxy import FaultProxy
+from tests.integration.helpers import ck_consume
+
+ROOT = Path(__file__).resolve().parents[2]
+PARTITIONS = 3
+TXN_TIMEOUT_MS = 6_000
+HEAL_MARGIN_S = 20.0
+
+
+@dataclass
+class Worker:
+    kind: str
+    name: str
+    args: list[str]
+    proc: subprocess.Popen | None = None
+    restarts: int = 0
+
+
+@dataclass
+class RunResult:
+    workload: str
+    nemeses: list[str]
+    seed: int
+    report: dict[str, Report] = field(default_factory=dict)
+    faults: int = 0
+    operations: int = 0
+    seconds: float = 0.0
+
+
+# -- workloads: which workers, on which topics -------------------------------------------------------------------
+
+def _workers_idempotent(client: str) -> list[Worker]:
+    return [Worker("producer", "idem-a", ["--topic", "idem", "--rate", "300", "--client", client]),
+            Worker("producer", "idem-b", ["--topic", "idem", "--rate", "300", "--client", client]),
+            Worker("deleter", "deleter", ["--topic", "idem", "--interval", "1.5"]),
+            Worker("reader", "idem-reader", ["--topic", "idem", "--isolation", "ru", "--client", client])]
+
+
+def _workers_transactions(client: str) -> list[Worker]:
+    return [Worker("txn-producer", "txn-a", ["--topic", "txn", "--client", client]),
+            Worker("txn-producer", "txn-b", ["--topic", "txn", "--client", client]),
+            Worker("reader", "txn-rc", ["--topic", "txn", "--isolation", "rc", "--client", client]),
+            Worker("reader", "txn-ru", ["--topic", "txn", "--isolation", "ru", "--client", client]),
+            Worker("lso-monitor", "lso", ["--topic", "txn", "--interval", "0.5"])]
+
+
+def _workers_copy(client: str) -> list[Worker]:
+    return [Worker("producer", "src", ["--topic", "copy-in", "--rate", "300", "--client", client]),
+            Worker("copier", "copier", ["--topic", "copy-out", "--in-topic", "copy-in", "--client", client]),
+            Worker("reader", "copy-rc", ["--topic", "copy-out", "--isolation", "rc", "--client", client]),
+            Worker("lso-monitor", "copy-lso", ["--topic", "copy-out", "--interval", "0.5"])]
+
+
+WORKLOADS: dict[str, tuple[Callable[[str], list[Worker]], list[str]]] = {
+    "idempotent": (_workers_idempotent, ["idem"]),
+    "transactions": (_workers_transactions, ["txn"]),
+    "eos-copy": (_workers_copy, ["copy-in", "copy-out"]),
+}
+NEMESES = ("broker-kill", "broker-pause", "client-kill", "proxy-delay", "proxy-blackhole", "proxy-lose-responses",
+           "proxy-cut")
+BROKER_SETTINGS = {
+    "transaction.max.timeout.ms": 60_000,
+    "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1_000,
+    "producer.id.expiration.ms": 4_000,
+    "producer.id.expiration.check.interval.ms": 1_000,
+}
+
+
+class Run:
+    def __init__(self, workload: str, nemeses: list[str], seed: int, seconds: float, client: str,
+                 workdir: Path) -> None:
+        self.workload, self.nemeses, self.seed, self.seconds, self.client = workload, nemeses, seed, seconds, client
+        self.rng = random.Random(seed)
+        self.dir = workdir
+        self.history = workdir / "history"
+        self.history.mkdir(parents=True)
+        self.nemesis_log = HistoryWriter(self.history / "nemesis.jsonl", "nemesis")
+        self.broker: BrokerProcess | None = None
+        self.proxy: FaultProxy | None = None
+        self.workers: list[Worker] = []
+        self.faults = 0
+
+    # -- setup ------------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        # The broker must advertise the proxy, so the proxy's port is fixed first and the broker's upstream port
+        # found after the broker starts; the proxy learns it before any client connects.
+        self.proxy = FaultProxy(upstream_port=0).start()
+        settings = dict(BROKER_SETTINGS, **{"advertised.listeners": self.proxy.address})
+        self.broker = BrokerProcess(self.dir / "data", settings).start()
+        self.proxy.upstream_port = self.broker.port
+        admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
+        topics = WORKLOADS[self.workload][1]
+        for name, future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).items():
+            future.result(30)
+            del name
+        factory = WORKLOADS[self.workload][0]
+        self.workers = factory(self.client)
+        for w in self.workers:
+            self._spawn(w)
+
+    def _spawn(self, w: Worker) -> None:
+        name = w.name if w.restarts == 0 else f"{w.name}-r{w.restarts}"
+        cmd = [sys.executable, "-m", "tests.faults.workers", w.kind, "--bootstrap", self.proxy.address,
+               "--history", str(self.history), "--name", name, "--partitions", str(PARTITIONS),
+               "--seconds", str(self.remaining()), "--seed", str(self.rng.randrange(1 << 30)),
+               "--txn-timeout-ms", str(TXN_TIMEOUT_MS), *w.args]
+        log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+        w.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
+        log.close()
+
+    def remaining(self) -> float:
+        return max(1.0, self.deadline - time.monotonic()) if hasattr(self, "deadline") else self.seconds
+
+    # -- the nemesis --------------------------------------------------------------------------------------------
+    def run_nemesis(self) -> None:
+        self.deadline = time.monotonic() + self.seconds
+        time.sleep(min(3.0, self.seconds / 4))
+        while time.monotonic() < self.deadline - 3:
+            fault = self.rng.choice(self.nemeses)
+            duration = self.rng.uniform(0.5, 3.0)
+            self.nemesis_log.log("fault", kind=fault, phase="start", duration=duration)
+            self.faults += 1
+            self._inject(fault, duration)
+            self.nemesis_log.log("fault", kind=fault, phase="stop")
+            time.sleep(self.rng.uniform(1.0, 3.0))
+
+    def _inject(self, fault: str, duration: float) -> None:
+        assert self.broker is not None and self.proxy is not None
+        if fault == "broker-kill":
+            self.broker.kill()
+            time.sleep(min(duration, 1.0))
+            self.broker.start()
+            self.proxy.upstream_port = self.broker.port
+        elif fault == "broker-pause":
+            os.kill(self.broker.proc.pid, signal.SIGSTOP)
+            try:
+                time.sleep(duration)
+            finally:
+                os.kill(self.broker.proc.pid, signal.SIGCONT)
+        elif fault == "client-kill":
+            victims = [w for w in self.workers if w.kind in ("producer", "txn-producer", "copier")
+                       and w.proc is not None and w.proc.poll() is None]
+            if victims:
+                w = self.rng.choice(victims)
+                w.proc.kill()
+                w.proc.wait()
+                w.restarts += 1
+                self._spawn(w)
+        elif fault.startswith("proxy-"):
+            mode = fault[len("proxy-"):].replace("-", "_")
+            if mode == "cut":
+                self.proxy.cut()
+                return
+            self.proxy.set_mode(mode, delay_s=0.2)
+            try:
+                time.sleep(duration)
+            finally:
+                self.proxy.set_mode("pass")
+                if mode == "blackhole":
+                    self.proxy.cut()  # stalled connections would otherwise wait for their client timeouts
+
+    # -- the end ----------------------------------------------------------------------------------------------
+    def finish(self) -> dict[str, Report]:
+        assert self.broker is not None
+        for w in self.workers:
+            if w.proc is not None:
+                try:
+                    w.proc.wait(timeout=self.seconds + 120)
+                except subprocess.TimeoutExpired:
+                    w.proc.kill()
+                    w.proc.wait()
+        self.nemesis_log.close()
+        reports: dict[str, Report] = {}
+        events = list(read_events(self.history))
+        input_acked = {e["v"] for e in events if e["op"] == "send" and e["phase"] == "ok"
+                       and e["w"].startswith("src")}
+        for topic in WORKLOADS[self.workload][1]:
+            final = self.final_read(topic)
+            mine = [e for e in events if _topic_of(e, self.workers) in (topic, None)]
+            expected = {"copy:" + v for v in input_acked} if topic == "copy-out" else set()
+            reports[topic] = check(mine, final, txn_timeout_s=TXN_TIMEOUT_MS / 1000, margin_s=10,
+                                   expected=expected)
+        return reports
+
+    def final_read(self, topic: str) -> FinalRead:
+        assert self.broker is not None
+        bootstrap = self.broker.bootstrap
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
+        deadline = time.monotonic() + TXN_TIMEOUT_MS / 1000 + HEAL_MARGIN_S
+        caught_up: dict[int, bool] = {}
+        while True:
+            lso = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+                                     isolation_level=IsolationLevel.READ_COMMITTED)
+            hwm = admin.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+                                     isolation_level=IsolationLevel.READ_UNCOMMITTED)
+            caught_up = {tp.partition: lso[tp].result(10).offset == hwm[tp].result(10).offset for tp in tps}
+            if all(caught_up.values()) or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        low = admin.list_offsets({tp: OffsetSpec.earliest() for tp in tps})
+        log_start = {tp.partition: low[tp].result(10).offset for tp in tps}
+        starts = dict(log_start)
+
+        def scan(iso: str) -> dict[int, list[tuple[int, str]]]:
+            out: dict[int, list[tuple[int, str]]] = {p: [] for p in range(PARTITIONS)}
+            for rec in ck_consume(bootstrap, topic, starts, timeout=120, **{"isolation.level": iso}):
+                out[rec.partition].append((rec.offset, rec.value.decode()))
+            return out
+
+        return FinalRead(committed=scan("read_committed"), uncommitted=scan("read_uncommitted"),
+                         log_start=log_start, lso_caught_up=caught_up)
+
+    def stop(self) -> None:
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
+        if self.broker is not None and self.broker.alive():
+            self.broker.stop()
+        if self.proxy is not None:
+            self.proxy.stop()
+
+
+def _topic_of(event: dict[str, Any], workers: list[Worker]) -> str | None:
+    """The topic an event is about: from the worker that wrote it (the nemesis writes about every topic)."""
+    writer = event["w"]
+    for w in workers:
+        if writer == w.name or writer.startswith(w.name + "-r"):
+            return w.args[w.args.index("--topic") + 1]
+    return None
+
+
+def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client: str, keep: Path | None) -> RunResult:
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="oncelog-faults-") as tmp:
+        run = Run(workload, nemeses, seed, seconds, client, Path(tmp))
+        try:
+            run.start()
+            run.run_nemesis()
+            reports = run.finish()
+        finally:
+            run.stop()
+            if keep is not None:
+                dest = keep / f"{workload}-{seed}"
+                subprocess.run(["cp", "-r", tmp, str(dest)], check=False)
+        operations = sum(1 for e in read_events(run.history) if e.get("phase") in ("invoke", None)
+                         and e["op"] in ("send", "read", "delete"))
+    return RunResult(workload, nemeses, seed, reports, run.faults, operations, time.monotonic() - started)
+
+
+def summarize(results: list[RunResult]) -> dict[str, Any]:
+    rows = []
+    for r in results:
+        counts = {name: sum(len(rep.anomalies[name]) for rep in r.report.values()) for name in ANOMALIES}
+        rows.append({"workload": r.workload, "seed": r.seed, "nemeses": r.nemeses, "faults": r.faults,
+                     "operations": r.operations, "seconds": round(r.seconds, 1), **counts,
+                     "examples": {name: rep.anomalies[name][:3] for rep in r.report.values()
+                                  for name in ANOMALIES if rep.anomalies[name]}})
+    return {"runs": rows, "total": {
+        "runs": len(rows), "faults": sum(r["faults"] for r in rows), "operations": sum(r["operations"] for r in rows),
+        **{name: sum(r[name] for r in rows) for name in ANOMALIES}}}
+
+
+def print_table(summary: dict[str, Any]) -> None:
+    short = {"lost_writes": "lost", "duplicates": "dup", "aborted_reads": "G1a", "uncommitted_reads": "uncommit",
+             "reordering": "reorder", "nonmonotonic_polls": "nonmono", "inconsistent_offsets": "inconsist",
+             "phantoms": "phantom", "hanging_transactions": "hanging"}
+    head = f"{'workload':<14}{'seed':>6}{'faults':>8}{'ops':>8}" + "".join(f"{short[n]:>10}" for n in ANOMALIES)
+    print(head)
+    for r in summary["runs"]:
+        print(f"{r['workload']:<14}{r['seed']:>6}{r['faults']:>8}{r['operations']:>8}"
+              + "".join(f"{r[n]:>10}" for n in ANOMALIES))
+    t = summary["total"]
+    print(f"{'TOTAL':<14}{t['runs']:>6}{t['faults']:>8}{t['operations']:>8}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seconds", type=float, default=30)
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--nemeses", default=",".join(NEMESES))
+    parser.add_argument("--client", choices=("confluent", "oncelog"), default="confluent")
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--keep", help="copy each run's histories and logs into this directory")
+    args = parser.parse_args(argv)
+    workloads = args.workloads.split(",")
+    nemeses = args.nemeses.split(",")
+    keep = Path(args.keep) if args.keep else None
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+    results = []
+    for i in range(args.runs):
+        workload = workloads[i % len(workloads)]
+        result = one_run(workload, nemeses, args.seed + i, args.seconds, args.client, keep)
+        results.append(result)
+        print(f"run {i + 1}/{args.runs}: {workload} seed {args.seed + i}: {result.faults} faults, "
+              f"{result.operations} ops, {result.seconds:.0f} s", flush=True)
+    summary = summarize(results)
+    print_table(summary)
+    out = Path(args.out) / f"faults-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2, default=str))
+    print(f"results: {out}")
+    return 0 if all(summary["total"][n] == 0 for n in ANOMALIES) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

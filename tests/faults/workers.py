@@ -1,0 +1,286 @@
+"""Workload processes of the fault harness; each records its operations in its own history file.
+
+Run as `python -m tests.faults.workers KIND --bootstrap ... --history DIR --name NAME ...`. Workers are separate
+processes so the nemesis can SIGKILL a client, and they stop by themselves after `--seconds`.
+Kinds: producer (idempotent), txn-producer (random aborts and stalls past the transaction timeout), reader
+(read_committed or read_uncommitted, from the beginning), deleter (DeleteRecords churn), lso-monitor, copier
+(consume-transform-produce exactly once). `--client` picks confluent-kafka (librdkafka) or oncelog's own client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.faults.history import HistoryWriter
+
+FATAL_PAUSE_S = 0.5
+
+
+def _confluent():
+    import confluent_kafka
+    import confluent_kafka.admin
+
+    return confluent_kafka, confluent_kafka.admin
+
+
+def _client_modules(name: str):
+    """(Producer, Consumer, TopicPartition) of the chosen client; both follow confluent-kafka's API."""
+    if name == "oncelog":
+        from oncelog.client import Consumer, Producer, TopicPartition
+
+        return Producer, Consumer, TopicPartition
+    ck, _ = _confluent()
+    return ck.Producer, ck.Consumer, ck.TopicPartition
+
+
+def producer(args: argparse.Namespace, h: HistoryWriter) -> None:
+    """Idempotent producer: unique values round-robin over partitions, acks=all, a bounded rate."""
+    Producer, _, _ = _client_modules(args.client)
+    p = Producer({"bootstrap.servers": args.bootstrap, "enable.idempotence": True, "acks": "all",
+                  "linger.ms": 5, "delivery.timeout.ms": 120_000, "request.timeout.ms": 5_000,
+                  "max.in.flight.requests.per.connection": 5})
+    deadline = time.monotonic() + args.seconds
+    n = 0
+
+    def report(err: Any, msg: Any, value: str, partition: int, seq: int) -> None:
+        if err is None:
+            h.log("send", phase="ok", v=value, p=partition, seq=seq, offset=msg.offset())
+        else:
+            h.log("send", phase="fail", v=value, p=partition, seq=seq, error=str(err))
+
+    while time.monotonic() < deadline:
+        partition = n % args.partitions
+        value = f"{args.name}:{n}"
+        h.log("send", phase="invoke", v=value, p=partition, seq=n)
+        while True:
+            try:
+                p.produce(args.topic, value.encode(), partition=partition,
+                          on_delivery=lambda e, m, v=value, pt=partition, s=n: report(e, m, v, pt, s))
+                break
+            except BufferError:
+                p.poll(0.05)
+        n += 1
+        p.poll(0)
+        time.sleep(1.0 / args.rate)
+    p.flush(150)
+
+
+def txn_producer(args: argparse.Namespace, h: HistoryWriter) -> None:
+    """Transactions of a few records; about a third aborted, some stalled past the transaction timeout."""
+    Producer, _, _ = _client_modules(args.client)
+    rng = random.Random(args.seed)
+    conf = {"bootstrap.servers": args.bootstrap, "transactional.id": f"fault-{args.name}",
+            "transaction.timeout.ms": args.txn_timeout_ms, "linger.ms": 5, "request.timeout.ms": 5_000}
+    p = Producer(conf)
+    p.init_transactions(60)
+    deadline = time.monotonic() + args.seconds
+    n = t = 0
+    while time.monotonic() < deadline:
+        txn = f"{args.name}-t{t}"
+        t += 1
+        try:
+            p.begin_transaction()
+            h.log("txn", phase="begin", txn=txn)
+            for _ in range(rng.randint(1, 6)):
+                partition = rng.randrange(args.partitions)
+                value = f"{args.name}:{n}"
+                h.log("send", phase="invoke", v=value, p=partition, seq=n, txn=txn)
+                p.produce(args.topic, value.encode(), partition=partition,
+                          on_delivery=lambda e, m, v=value, pt=partition, s=n, x=txn: h.log(
+                              "send", phase="ok" if e is None else "fail", v=v, p=pt, seq=s, txn=x,
+                              **({"offset": m.offset()} if e is None else {"error": str(e)})))
+                n += 1
+                p.poll(0)
+            if rng.random() < 0.05:
+                time.sleep(args.txn_timeout_ms / 1000 * 1.5)  # the broker's reaper aborts this one
+            if rng.random() < 0.33:
+                h.log("txn", phase="abort-invoke", txn=txn)
+                p.abort_transaction(30)
+                h.log("txn", phase="abort-ok", txn=txn)
+            else:
+                h.log("txn", phase="commit-invoke", txn=txn)
+                p.commit_transaction(30)
+                h.log("txn", phase="commit-ok", txn=txn)
+        except Exception as exc:  # noqa: BLE001 - every failure is recorded, then the producer recovers
+            h.log("txn", phase="commit-fail", txn=txn, error=repr(exc))
+            p = _recover(p, conf, h, txn, Producer)
+        time.sleep(rng.random() * 0.05)
+    p.flush(30)
+
+
+def _recover(p: Any, conf: dict, h: HistoryWriter, txn: str, Producer: Any) -> Any:
+    """Abort if the producer can; otherwise (fatal) build a new one, whose init fences and aborts the old txn."""
+    try:
+        h.log("txn", phase="abort-invoke", txn=txn)
+        p.abort_transaction(30)
+        h.log("txn", phase="abort-ok", txn=txn)
+        return p
+    except Exception as exc:  # noqa: BLE001
+        h.log("txn", phase="abort-fail", txn=txn, error=repr(exc))
+    for _ in range(30):
+        try:
+            fresh = Producer(conf)
+            fresh.init_transactions(30)
+            return fresh
+        except Exception:  # noqa: BLE001 - the broker may be down for a while
+            time.sleep(FATAL_PAUSE_S)
+    raise RuntimeError("producer could not recover")
+
+
+def reader(args: argparse.Namespace, h: HistoryWriter) -> None:
+    """Reads every partition from the beginning until the deadline; a consumer error starts a new session."""
+    _, Consumer, TopicPartition = _client_modules(args.client)
+    iso = "read_committed" if args.isolation == "rc" else "read_uncommitted"
+    deadline = time.monotonic() + args.seconds
+    session = 0
+    positions = {p: 0 for p in range(args.partitions)}
+    while time.monotonic() < deadline:
+        c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": f"fault-{args.name}",
+                      "enable.auto.commit": False, "isolation.level": iso, "auto.offset.reset": "earliest",
+                      "session.timeout.ms": 10_000})
+        c.assign([TopicPartition(args.topic, p, positions[p]) for p in range(args.partitions)])
+        try:
+            while time.monotonic() < deadline:
+                for msg in c.consume(500, 0.5):
+                    if msg.error():
+                        continue
+                    h.log("read", iso=args.isolation, session=session, p=msg.partition(), offset=msg.offset(),
+                          v=msg.value().decode())
+                    positions[msg.partition()] = msg.offset() + 1
+        except Exception as exc:  # noqa: BLE001
+            h.log("info", error=repr(exc))
+        finally:
+            c.close()
+        session += 1
+
+
+def _admin(bootstrap: str) -> Any:
+    _, admin = _confluent()
+    return admin.AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5_000})
+
+
+def deleter(args: argparse.Namespace, h: HistoryWriter) -> None:
+    """DeleteRecords up to the high watermark of a random partition, every `--interval` seconds."""
+    ck, admin_mod = _confluent()
+    rng = random.Random(args.seed)
+    admin = _admin(args.bootstrap)
+    deadline = time.monotonic() + args.seconds
+    while time.monotonic() < deadline:
+        time.sleep(args.interval)
+        partition = rng.randrange(args.partitions)
+        tp = ck.TopicPartition(args.topic, partition)
+        try:
+            high = admin.list_offsets({tp: admin_mod.OffsetSpec.latest()},
+                                      isolation_level=ck.IsolationLevel.READ_UNCOMMITTED)[tp].result(10).offset
+            tp.offset = high
+            done = admin.delete_records([tp])[tp].result(10)
+            h.log("delete", p=partition, before=done.low_watermark)
+        except Exception as exc:  # noqa: BLE001
+            h.log("info", error=repr(exc))
+
+
+def lso_monitor(args: argparse.Namespace, h: HistoryWriter) -> None:
+    """Samples each partition's last stable offset and high watermark."""
+    ck, admin_mod = _confluent()
+    admin = _admin(args.bootstrap)
+    deadline = time.monotonic() + args.seconds
+    tps = [ck.TopicPartition(args.topic, p) for p in range(args.partitions)]
+    while time.monotonic() < deadline:
+        try:
+            latest = admin_mod.OffsetSpec.latest()
+            lso = admin.list_offsets({tp: latest for tp in tps}, isolation_level=ck.IsolationLevel.READ_COMMITTED)
+            hwm = admin.list_offsets({tp: latest for tp in tps}, isolation_level=ck.IsolationLevel.READ_UNCOMMITTED)
+            for tp in tps:
+                h.log("lso", p=tp.partition, lso=lso[tp].result(10).offset, hwm=hwm[tp].result(10).offset)
+        except Exception as exc:  # noqa: BLE001
+            h.log("info", error=repr(exc))
+        time.sleep(args.interval)
+
+
+def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
+    """Exactly-once copy: read_committed from --in-topic, write `copy:<value>` to --topic, offsets in the txn."""
+    Producer, Consumer, TopicPartition = _client_modules(args.client)
+    conf = {"bootstrap.servers": args.bootstrap, "transactional.id": f"fault-copier-{args.slot}",
+            "transaction.timeout.ms": args.txn_timeout_ms, "linger.ms": 5, "request.timeout.ms": 5_000}
+    c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "enable.auto.commit": False,
+                  "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+                  "session.timeout.ms": 10_000})
+    c.subscribe([args.in_topic])
+    p = Producer(conf)
+    p.init_transactions(60)
+    deadline = time.monotonic() + args.seconds
+    t = 0
+    seq = 0
+    idle_since = time.monotonic()
+    # After the deadline the copier drains what its source acknowledged (idle 5 s ends it, 90 s at most).
+    while time.monotonic() < deadline or (time.monotonic() - idle_since < 5 and time.monotonic() < deadline + 90):
+        msgs = [m for m in c.consume(200, 0.5) if not m.error()]
+        if not msgs:
+            continue
+        idle_since = time.monotonic()
+        txn = f"{args.name}-t{t}"
+        t += 1
+        try:
+            p.begin_transaction()
+            h.log("txn", phase="begin", txn=txn)
+            for m in msgs:
+                value = "copy:" + m.value().decode()
+                h.log("send", phase="invoke", v=value, p=m.partition(), seq=seq, txn=txn)
+                p.produce(args.topic, value.encode(), partition=m.partition())
+                seq += 1
+            ends: dict[int, int] = {}
+            for m in msgs:
+                ends[m.partition()] = m.offset() + 1
+            offsets = [TopicPartition(args.in_topic, part, off) for part, off in ends.items()]
+            p.send_offsets_to_transaction(offsets, c.consumer_group_metadata(), 30)
+            h.log("txn", phase="commit-invoke", txn=txn)
+            p.commit_transaction(30)
+            h.log("txn", phase="commit-ok", txn=txn)
+        except Exception as exc:  # noqa: BLE001
+            h.log("txn", phase="commit-fail", txn=txn, error=repr(exc))
+            p = _recover(p, conf, h, txn, Producer)
+            # Whatever was not committed is read again from the group's committed offsets.
+            for tp in c.assignment():
+                committed = c.committed([tp], 30)[0]
+                c.seek(TopicPartition(tp.topic, tp.partition, max(committed.offset, 0)))
+    c.close()
+
+
+KINDS = {"producer": producer, "txn-producer": txn_producer, "reader": reader, "deleter": deleter,
+         "lso-monitor": lso_monitor, "copier": copier}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("kind", choices=sorted(KINDS))
+    parser.add_argument("--bootstrap", required=True)
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--partitions", type=int, default=3)
+    parser.add_argument("--history", required=True, help="directory of history files")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--client", choices=("confluent", "oncelog"), default="confluent")
+    parser.add_argument("--rate", type=float, default=300, help="records/s of a producer")
+    parser.add_argument("--isolation", choices=("rc", "ru"), default="rc")
+    parser.add_argument("--interval", type=float, default=1.0)
+    parser.add_argument("--txn-timeout-ms", type=int, default=10_000)
+    parser.add_argument("--in-topic")
+    parser.add_argument("--group", default="fault-copy")
+    parser.add_argument("--slot", type=int, default=0)
+    args = parser.parse_args(argv)
+    h = HistoryWriter(Path(args.history) / f"{args.name}.jsonl", args.name)
+    try:
+        KINDS[args.kind](args, h)
+    finally:
+        h.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
