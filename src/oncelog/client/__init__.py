@@ -1,0 +1,38 @@
+"""oncelog's Python Kafka client: an asyncio core with synchronous facades (docs/client-design.md).
+
+Each module's owner adds its public names here as the module lands.
+"""
+
+from __future__ import annotations
+
+from . import errors
+from .config import ClientConfig
+from .errors import (
+    AbortableError,
+    DataLossError,
+    FatalError,
+    KafkaError,
+    KafkaTimeoutError,
+    NetworkError,
+    ProducerFenced,
+    RecordError,
+    RequestTimedOut,
+    RetriableError,
+    UnsupportedVersion,
+)
+
+__all__ = [
+    "errors",
+    "ClientConfig",
+    "KafkaError",
+    "RetriableError",
+    "AbortableError",
+    "FatalError",
+    "NetworkError",
+    "RequestTimedOut",
+    "UnsupportedVersion",
+    "ProducerFenced",
+    "DataLossError",
+    "RecordError",
+    "KafkaTimeoutError",
+]
