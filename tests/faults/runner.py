@@ -32,6 +32,7 @@ from oncelog.embedded import BrokerProcess
 from tests.faults.checker import ANOMALIES, FinalRead, Report, check
 from tests.faults.history import HistoryWriter, read_events
 from tests.faults.proxy import FaultProxy
+from tests.faults.workers import HANG_EXIT
 from tests.integration.helpers import ck_consume
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -58,6 +59,7 @@ class RunResult:
     faults: int = 0
     operations: int = 0
     seconds: float = 0.0
+    client_restarts: int = 0  # a client call hung (librdkafka 5456/5511) and the watchdog restarted the worker
 
 
 # -- workloads: which workers, on which topics -------------------------------------------------------------------
@@ -112,6 +114,9 @@ class Run:
         self.proxy: FaultProxy | None = None
         self.workers: list[Worker] = []
         self.faults = 0
+        self.deadline: float | None = None
+        self.stuck: list[str] = []  # workers that did not stop by themselves
+        self.hung: list[str] = []  # workers restarted after their watchdog saw a client call hang
 
     # -- setup ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -143,7 +148,7 @@ class Run:
         log.close()
 
     def remaining(self) -> float:
-        return max(1.0, self.deadline - time.monotonic()) if hasattr(self, "deadline") else self.seconds
+        return max(1.0, self.deadline - time.monotonic()) if self.deadline is not None else self.seconds
 
     # -- the nemesis --------------------------------------------------------------------------------------------
     def run_nemesis(self) -> None:
@@ -156,7 +161,16 @@ class Run:
             self.faults += 1
             self._inject(fault, duration)
             self.nemesis_log.log("fault", kind=fault, phase="stop")
+            self.revive_hung()
             time.sleep(self.rng.uniform(1.0, 3.0))
+
+    def revive_hung(self) -> None:
+        """Restart workers whose watchdog ended them (a client call that never returned)."""
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() == HANG_EXIT and w.restarts < 5:
+                self.hung.append(w.name)
+                w.restarts += 1
+                self._spawn(w)
 
     def _inject(self, fault: str, duration: float) -> None:
         assert self.broker is not None and self.proxy is not None
@@ -196,11 +210,18 @@ class Run:
     # -- the end ----------------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Report]:
         assert self.broker is not None
+        end = time.monotonic() + self.seconds + 240
+        while any(w.proc is not None and w.proc.poll() is None for w in self.workers) and time.monotonic() < end:
+            time.sleep(0.5)
+            self.revive_hung()  # a copier must finish draining its input for the copy check to mean anything
         for w in self.workers:
             if w.proc is not None:
                 try:
-                    w.proc.wait(timeout=self.seconds + 120)
+                    w.proc.wait(timeout=1)
                 except subprocess.TimeoutExpired:
+                    self.stuck.append(w.name)
+                    w.proc.send_signal(signal.SIGUSR1)  # its stacks go to its log
+                    time.sleep(1)
                     w.proc.kill()
                     w.proc.wait()
         self.nemesis_log.close()
@@ -280,7 +301,8 @@ def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client
                 subprocess.run(["cp", "-r", tmp, str(dest)], check=False)
         operations = sum(1 for e in read_events(run.history) if e.get("phase") in ("invoke", None)
                          and e["op"] in ("send", "read", "delete"))
-    return RunResult(workload, nemeses, seed, reports, run.faults, operations, time.monotonic() - started)
+    return RunResult(workload, nemeses, seed, reports, run.faults, operations, time.monotonic() - started,
+                     len(run.hung) + len(run.stuck))
 
 
 def summarize(results: list[RunResult]) -> dict[str, Any]:
@@ -288,11 +310,13 @@ def summarize(results: list[RunResult]) -> dict[str, Any]:
     for r in results:
         counts = {name: sum(len(rep.anomalies[name]) for rep in r.report.values()) for name in ANOMALIES}
         rows.append({"workload": r.workload, "seed": r.seed, "nemeses": r.nemeses, "faults": r.faults,
-                     "operations": r.operations, "seconds": round(r.seconds, 1), **counts,
+                     "operations": r.operations, "seconds": round(r.seconds, 1),
+                     "client_restarts": r.client_restarts, **counts,
                      "examples": {name: rep.anomalies[name][:3] for rep in r.report.values()
                                   for name in ANOMALIES if rep.anomalies[name]}})
     return {"runs": rows, "total": {
         "runs": len(rows), "faults": sum(r["faults"] for r in rows), "operations": sum(r["operations"] for r in rows),
+        "client_restarts": sum(r["client_restarts"] for r in rows),
         **{name: sum(r[name] for r in rows) for name in ANOMALIES}}}
 
 
@@ -300,13 +324,13 @@ def print_table(summary: dict[str, Any]) -> None:
     short = {"lost_writes": "lost", "duplicates": "dup", "aborted_reads": "G1a", "uncommitted_reads": "uncommit",
              "reordering": "reorder", "nonmonotonic_polls": "nonmono", "inconsistent_offsets": "inconsist",
              "phantoms": "phantom", "hanging_transactions": "hanging"}
-    head = f"{'workload':<14}{'seed':>6}{'faults':>8}{'ops':>8}" + "".join(f"{short[n]:>10}" for n in ANOMALIES)
+    head = f"{'workload':<14}{'seed':>6}{'faults':>8}{'ops':>8}{'restarts':>10}" + "".join(f"{short[n]:>10}" for n in ANOMALIES)
     print(head)
     for r in summary["runs"]:
-        print(f"{r['workload']:<14}{r['seed']:>6}{r['faults']:>8}{r['operations']:>8}"
+        print(f"{r['workload']:<14}{r['seed']:>6}{r['faults']:>8}{r['operations']:>8}{r['client_restarts']:>10}"
               + "".join(f"{r[n]:>10}" for n in ANOMALIES))
     t = summary["total"]
-    print(f"{'TOTAL':<14}{t['runs']:>6}{t['faults']:>8}{t['operations']:>8}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
+    print(f"{'TOTAL':<14}{t['runs']:>6}{t['faults']:>8}{t['operations']:>8}{t['client_restarts']:>10}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,12 @@ Kinds: producer (idempotent), txn-producer (random aborts and stalls past the tr
 from __future__ import annotations
 
 import argparse
+import faulthandler
+import os
 import random
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +23,33 @@ from typing import Any
 from tests.faults.history import HistoryWriter
 
 FATAL_PAUSE_S = 0.5
+HANG_EXIT = 3  # exit code of a worker whose watchdog saw no progress: the runner restarts it
+HANG_AFTER_S = 75.0  # longer than any client call's own timeout (30 s) plus its retries
+
+
+class Watchdog:
+    """Kills the worker when its loop stops making progress.
+
+    librdkafka's send_offsets_to_transaction() can block forever, past its own timeout, when every connection
+    drops at once (it re-bootstraps and its cached group coordinator is decommissioned: librdkafka issues
+    5456 and 5511). An application would restart such a process; so does the harness, and it counts it.
+    """
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        threading.Thread(target=self._watch, daemon=True, name="watchdog").start()
+
+    def tick(self) -> None:
+        self.last = time.monotonic()
+
+    def _watch(self) -> None:
+        while True:
+            time.sleep(1)
+            if time.monotonic() - self.last > HANG_AFTER_S:
+                faulthandler.dump_traceback(all_threads=True)
+                sys.stderr.write(f"worker made no progress for {HANG_AFTER_S:.0f} s: exiting to be restarted\n")
+                sys.stderr.flush()
+                os._exit(HANG_EXIT)
 
 
 def _confluent():
@@ -80,7 +111,9 @@ def txn_producer(args: argparse.Namespace, h: HistoryWriter) -> None:
     p.init_transactions(60)
     deadline = time.monotonic() + args.seconds
     n = t = 0
+    dog = Watchdog()
     while time.monotonic() < deadline:
+        dog.tick()
         txn = f"{args.name}-t{t}"
         t += 1
         try:
@@ -207,6 +240,8 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
     Producer, Consumer, TopicPartition = _client_modules(args.client)
     conf = {"bootstrap.servers": args.bootstrap, "transactional.id": f"fault-copier-{args.slot}",
             "transaction.timeout.ms": args.txn_timeout_ms, "linger.ms": 5, "request.timeout.ms": 5_000}
+    if os.environ.get("FAULTS_DEBUG") and args.client == "confluent":
+        conf["debug"] = os.environ["FAULTS_DEBUG"]  # librdkafka's own trace, for chasing a hang
     c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "enable.auto.commit": False,
                   "isolation.level": "read_committed", "auto.offset.reset": "earliest",
                   "session.timeout.ms": 10_000})
@@ -216,9 +251,16 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
     deadline = time.monotonic() + args.seconds
     t = 0
     seq = 0
-    idle_since = time.monotonic()
-    # After the deadline the copier drains what its source acknowledged (idle 5 s ends it, 90 s at most).
-    while time.monotonic() < deadline or (time.monotonic() - idle_since < 5 and time.monotonic() < deadline + 90):
+    # After the deadline the copier drains what its source acknowledged: 5 s without input end it, but a fresh
+    # copier first waits (30 s at most) for its group assignment, and nothing runs past 90 s.
+    idle_since = time.monotonic() + 25
+
+    def draining() -> bool:
+        return time.monotonic() - idle_since < 5 and time.monotonic() < deadline + 90
+
+    dog = Watchdog()
+    while time.monotonic() < deadline or draining():
+        dog.tick()
         msgs = [m for m in c.consume(200, 0.5) if not m.error()]
         if not msgs:
             continue
@@ -274,6 +316,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--group", default="fault-copy")
     parser.add_argument("--slot", type=int, default=0)
     args = parser.parse_args(argv)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # the runner asks a stuck worker where it is
     h = HistoryWriter(Path(args.history) / f"{args.name}.jsonl", args.name)
     try:
         KINDS[args.kind](args, h)
