@@ -1,0 +1,1 @@
+"""The consumer: fetcher, group membership, offsets, and the Consumer / AsyncConsumer facades."""
