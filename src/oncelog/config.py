@@ -216,6 +216,9 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("oncelog.fsync.enable", TYPE_BOOLEAN, True,
                   "fsync before acknowledging acks=all and before data becomes visible to consumers. "
                   "Turning it off trades durability against power loss for speed."),
+        ConfigKey("oncelog.test.fail.fsync.file", TYPE_STRING, "",
+                  "TEST ONLY (fault injection): while the named file exists, every fsync of partition data "
+                  "fails with EIO. Empty: off."),
     ]
     return {k.name: k for k in keys}
 

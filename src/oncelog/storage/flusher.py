@@ -22,6 +22,7 @@ from concurrent.futures import Executor, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from ..errors import ErrorCode, KafkaError
+from . import fault_injection
 
 if TYPE_CHECKING:
     from .partition_log import FlushTargets, PartitionLog
@@ -35,6 +36,7 @@ def _sync_all(groups: list[tuple[list[int], list[int]]]) -> list[OSError | None]
     for fds, dir_fds in groups:
         error: OSError | None = None
         try:
+            fault_injection.check_fsync()
             for fd in fds:
                 os.fdatasync(fd)
             for fd in dir_fds:

@@ -39,6 +39,7 @@ from ..config import (
     topic_name_problem,
 )
 from ..errors import ErrorCode, KafkaError
+from . import fault_injection
 from .checkpoints import (
     LOG_START_OFFSET_FILE,
     RECOVERY_POINT_FILE,
@@ -107,6 +108,7 @@ class LogManager:
         self.clean_startup = False  # whether the previous shutdown was clean (producer state may care)
         self._now_ms = now_ms or _now_ms
         self._fsync: bool = broker_config["oncelog.fsync.enable"]
+        fault_injection.configure(broker_config["oncelog.test.fail.fsync.file"])
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}
         # The transaction coordinator's verification hook, given to every partition (KIP-890 part 1).

@@ -23,6 +23,7 @@ from typing import NamedTuple
 from ..config import TopicConfig
 from ..errors import ErrorCode, KafkaError
 from ..records.batch import LOG_OVERHEAD, BatchHeader, set_base_offset
+from . import fault_injection
 from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, segment_path
 
 # Reads up to this size are copied out with pread; larger ones are handed over as a file region for sendfile.
@@ -694,6 +695,7 @@ class PartitionLog:
         try:
             # Bookkeeping stays as it is: the flusher's next round syncs these again (cheaply) and is the one
             # that moves the high watermark and wakes acks=all waiters.
+            fault_injection.check_fsync()
             for segment in {id(s): s for s in (*self._unsynced, self._segments[-1])}.values():
                 os.fdatasync(segment.fd)
             for fd in self._pending_fds:
@@ -705,6 +707,7 @@ class PartitionLog:
             raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"fsync of {self.name} failed: {exc}") from exc
 
     def _sync_all(self) -> None:
+        fault_injection.check_fsync()
         active = self._segments[-1]
         active.seal_time_index()
         to_sync = list(self._unsynced)

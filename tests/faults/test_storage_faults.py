@@ -1,0 +1,200 @@
+"""Storage faults under a real broker: a failed fsync and a full disk.
+
+The rule checked, as Kafka's: the broker refuses writes with KAFKA_STORAGE_ERROR (56) or stops, never
+acknowledges what it did not persist, and never shows consumers what it did not persist. After the fault heals
+(the disk has room again, or the broker restarted and recovered), production continues, and every record that
+was acknowledged is in the log exactly once, at the offset it was acknowledged with.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+from confluent_kafka import Producer
+
+from oncelog.records.builder import build_batch
+from tests.faults.storage import DiskUnavailable, FsyncTrigger, SmallDisk
+from tests.integration.helpers import Wire, ck_consume, create_topic, fetch_raw, produce_raw, wait_until
+
+KAFKA_STORAGE_ERROR = 56
+CLEAN_SHUTDOWN_FILE = ".oncelog_cleanshutdown"
+
+
+class AckedProducer(threading.Thread):
+    """An idempotent confluent-kafka producer with acks=all; remembers which values were acknowledged where."""
+
+    def __init__(self, bootstrap: str, topic: str, partitions: int, value_size: int = 200) -> None:
+        super().__init__(daemon=True)
+        self.topic, self.partitions, self.value_size = topic, partitions, value_size
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.acked: dict[str, tuple[int, int]] = {}
+        self.failed: dict[str, str] = {}
+        self.sent = 0
+        self.producer = Producer({
+            "bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all", "linger.ms": 2,
+            "message.timeout.ms": 120_000, "request.timeout.ms": 5_000, "retry.backoff.ms": 50,
+            "retry.backoff.max.ms": 500, "reconnect.backoff.ms": 20, "reconnect.backoff.max.ms": 500,
+            "queue.buffering.max.messages": 5_000,
+        })
+
+    def acked_count(self) -> int:
+        with self.lock:
+            return len(self.acked)
+
+    def _report(self, err, msg) -> None:
+        value = msg.value().decode()
+        with self.lock:
+            if err is None:
+                self.acked[value] = (msg.partition(), msg.offset())
+            else:
+                self.failed[value] = str(err)
+
+    def run(self) -> None:
+        n = 0
+        pad = "x" * self.value_size
+        while not self.stop_event.is_set():
+            value = f"v{n}-{pad}"
+            try:
+                self.producer.produce(self.topic, value.encode(), partition=n % self.partitions,
+                                      on_delivery=self._report)
+                n += 1
+            except BufferError:
+                pass
+            self.producer.poll(0.002)
+        self.sent = n
+
+    def finish(self, timeout: float = 150.0) -> int:
+        self.stop_event.set()
+        self.join(10)
+        return self.producer.flush(timeout)
+
+
+def read_everything(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[int, str]]]:
+    out: dict[int, list[tuple[int, str]]] = {p: [] for p in range(partitions)}
+    for rec in ck_consume(bootstrap, topic, dict.fromkeys(range(partitions), 0), timeout=60):
+        out[rec.partition].append((rec.offset, rec.value.decode()))
+    return out
+
+
+def assert_acked_exactly_once(acked: dict[str, tuple[int, int]], log: dict[int, list[tuple[int, str]]]) -> None:
+    at = {(p, offset): value for p, records in log.items() for offset, value in records}
+    seen: dict[str, int] = {}
+    for value in at.values():
+        seen[value] = seen.get(value, 0) + 1
+    lost = [v for v, place in acked.items() if at.get(place) != v]
+    dups = [v for v, count in seen.items() if count > 1]
+    assert not lost, f"{len(lost)} acknowledged records are not at their offsets, e.g. {lost[:3]}"
+    assert not dups, f"{len(dups)} records are in the log twice, e.g. {dups[:3]}"
+
+
+def raw_batch(n: int, size: int = 100) -> bytearray:
+    return build_batch([(None, f"raw-{n}-".encode() + b"r" * size)])
+
+
+# -- fsync failure --------------------------------------------------------------------------------------------
+
+
+def test_failed_fsync_refuses_writes_and_reads_and_recovery_keeps_every_ack(broker_factory, topic_name, tmp_path):
+    trigger = FsyncTrigger(tmp_path / "fail-fsync")
+    broker = broker_factory(trigger.setting)
+    create_topic(broker.bootstrap, topic_name, 2)
+    with Wire(broker.bootstrap) as w:
+        first = produce_raw(w, topic_name, 0, raw_batch(0))
+        assert first.error_code == 0 and first.base_offset == 0
+    producer = AckedProducer(broker.bootstrap, topic_name, 2)
+    producer.start()
+    wait_until(lambda: producer.acked_count() >= 300, timeout=30, what="acks before the fault")
+
+    trigger.arm()
+    time.sleep(1.0)  # fsync rounds fail: both partitions (and anything else written) go offline
+    acked_at_fault = producer.acked_count()
+    with Wire(broker.bootstrap) as w:
+        for p in (0, 1):
+            refused = produce_raw(w, topic_name, p, raw_batch(1))
+            assert refused.error_code == KAFKA_STORAGE_ERROR, refused
+            assert refused.base_offset == -1
+            fetched = fetch_raw(w, topic_name, p, 0)
+            assert fetched.error_code == KAFKA_STORAGE_ERROR, "an offline partition must not serve reads"
+    time.sleep(1.0)
+    assert producer.acked_count() == acked_at_fault, "acknowledged while every fsync failed"
+    trigger.disarm()
+    time.sleep(0.5)
+    with Wire(broker.bootstrap) as w:
+        # The unsynced tail may be gone from the disk: refused until a restart has recovered the log.
+        assert produce_raw(w, topic_name, 0, raw_batch(2)).error_code == KAFKA_STORAGE_ERROR
+    assert broker.alive()
+
+    code = broker.stop()
+    assert code == 0
+    assert not (broker.data_dir / CLEAN_SHUTDOWN_FILE).exists(), "an offline log must not be vouched for as clean"
+    broker.start()
+    assert "recovered after an unclean shutdown" in broker.log_tail(200)
+    wait_until(lambda: producer.acked_count() > acked_at_fault + 300, timeout=60, what="production after restart")
+    assert producer.finish() == 0
+    assert not producer.failed, list(producer.failed.items())[:3]
+    log = read_everything(broker.bootstrap, topic_name, 2)
+    assert_acked_exactly_once(producer.acked, log)
+    assert log[0][0] == (0, "raw-0-" + "r" * 100)
+    with Wire(broker.bootstrap) as w:
+        assert produce_raw(w, topic_name, 1, raw_batch(3)).error_code == 0
+
+
+# -- full disk ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a size-limited tmpfs needs root")
+    disk = SmallDisk(tmp_path / "data", 24)  # the broker's data directory itself; its log file stays outside
+    try:
+        disk.mount()
+    except DiskUnavailable as exc:
+        pytest.skip(str(exc))
+    yield disk
+    disk.free()
+    disk.unmount()
+
+
+def start_on(disk: SmallDisk, broker_factory, settings: dict | None = None):
+    base = {"log.segment.bytes": 1 << 20, "transaction.state.log.num.partitions": 2,
+            "offsets.topic.num.partitions": 2}
+    base.update(settings or {})
+    return broker_factory(base, name=disk.path.name)
+
+
+def test_full_disk_refuses_with_storage_error_and_production_continues(small_disk, broker_factory, topic_name):
+    broker = start_on(small_disk, broker_factory)
+    create_topic(broker.bootstrap, topic_name, 2)
+    producer = AckedProducer(broker.bootstrap, topic_name, 2, value_size=500)
+    producer.start()
+    wait_until(lambda: producer.acked_count() >= 500, timeout=30, what="acks before the disk fills")
+
+    small_disk.fill()
+    time.sleep(1.0)
+    with Wire(broker.bootstrap) as w:
+        for p in (0, 1):
+            refused = produce_raw(w, topic_name, p, raw_batch(10, size=64 * 1024))
+            assert refused.error_code == KAFKA_STORAGE_ERROR, refused
+            assert refused.base_offset == -1
+    stalled = producer.acked_count()
+    time.sleep(2.0)
+    assert producer.acked_count() - stalled < 50, "a full disk kept acknowledging"
+    assert broker.alive()
+
+    small_disk.free()
+    wait_until(lambda: producer.acked_count() > stalled + 500, timeout=60, what="production after the disk frees")
+    with Wire(broker.bootstrap) as w:
+        accepted = produce_raw(w, topic_name, 0, raw_batch(11, size=64 * 1024))
+        assert accepted.error_code == 0, accepted
+    assert producer.finish() == 0
+    assert not producer.failed, list(producer.failed.items())[:3]
+    assert_acked_exactly_once(producer.acked, read_everything(broker.bootstrap, topic_name, 2))
+
+    broker.stop()
+    broker.start()
+    assert_acked_exactly_once(producer.acked, read_everything(broker.bootstrap, topic_name, 2))
