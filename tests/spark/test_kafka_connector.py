@@ -1,0 +1,156 @@
+"""Spark's own Kafka connector (spark-sql-kafka-0-10, `format("kafka")`) reading oncelog topics.
+
+Wire compatibility with Spark's connector: its Java consumer (kafka-clients) under `kafka.isolation.level=
+read_committed` must return exactly what transactional producers committed (nothing aborted, nothing missing,
+headers intact), and stop at the last stable offset while a transaction is still open. The connector's jars come
+from Maven Central through `kafka_connector/pom.xml` (`mvn dependency:build-classpath`, cached in ~/.m2, offline
+after the first run); without `mvn`, or when Maven Central cannot be reached the first time, the module is skipped
+with the reason.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import Rec, create_topic, norm_headers
+from tests.spark.session import require_spark, start_session, stop_session
+from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions
+
+POM = Path(__file__).parent / "kafka_connector" / "pom.xml"
+RESOLVE_TIMEOUT_S = 600
+_OFFLINE = re.compile(
+    r"Could not transfer|Unknown ?host|Network is unreachable|Connection refused|Connect(ion)? timed out|"
+    r"Read timed out|No route to host|Temporary failure in name resolution|offline mode|"
+    r"has not been downloaded from it before|Cannot access central|PKIX path",
+    re.IGNORECASE,
+)
+
+
+def connector_classpath(work: Path) -> list[str]:
+    """The connector's jars in the local Maven repository (resolved from Maven Central on first use)."""
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        pytest.skip("Spark's Kafka connector: no `mvn` on PATH to resolve spark-sql-kafka-0-10 from Maven Central")
+    out = work / "classpath.txt"
+    proc = subprocess.run([mvn, "-q", "-B", "-f", str(POM), "dependency:build-classpath",
+                           f"-Dmdep.outputFile={out}"], capture_output=True, text=True, timeout=RESOLVE_TIMEOUT_S)
+    if proc.returncode != 0:
+        log = proc.stdout + proc.stderr
+        if _OFFLINE.search(log):
+            pytest.skip(f"Spark's Kafka connector: Maven Central not reachable to resolve it:\n{log[-1500:]}")
+        raise AssertionError(f"mvn could not resolve the connector's classpath:\n{log[-3000:]}")
+    jars = [j for j in out.read_text().strip().split(":") if j]
+    assert any("spark-sql-kafka-0-10" in j for j in jars), jars
+    return jars
+
+
+@pytest.fixture(scope="module")
+def kafka_spark(tmp_path_factory):
+    """A SparkSession whose JVM has Spark's Kafka connector on its classpath."""
+    require_spark()
+    work = tmp_path_factory.mktemp("spark-kafka")
+    jars = connector_classpath(work)
+    session = start_session(work, {"spark.jars": ",".join(jars)})
+    yield session
+    stop_session(session)
+
+
+@pytest.fixture(autouse=True)
+def broker_log_clean(module_broker):
+    """Whatever the connector sent, the broker answered without logging a warning or an error."""
+    yield
+    bad = [line for line in module_broker.log_tail(400).splitlines() if " WARNING " in line or " ERROR " in line]
+    assert not bad, "broker logged:\n" + "\n".join(bad[-10:])
+
+
+def spark_read(spark, bootstrap: str, topic: str, isolation: str = "read_committed") -> list[Rec]:
+    rows = (spark.read.format("kafka")
+            .option("kafka.bootstrap.servers", bootstrap)
+            .option("subscribe", topic)
+            .option("startingOffsets", "earliest")
+            .option("endingOffsets", "latest")
+            .option("includeHeaders", "true")
+            .option("kafka.isolation.level", isolation)
+            .load()
+            .collect())
+    for row in rows:
+        assert row.topic == topic
+        assert row.timestamp is not None and row.timestampType == 0  # CreateTime
+    return sorted((Rec(r.partition, r.offset, r.key, r.value, norm_headers((h.key, h.value) for h in r.headers or ()))
+                   for r in rows), key=lambda r: (r.partition, r.offset))
+
+
+def test_batch_read_committed_returns_exactly_the_committed_records(kafka_spark, module_broker, topic_name):
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    committed = write_transactions(bootstrap, topic_name, [
+        ("commit", records("c1", 10, 2, with_headers=True)),
+        ("abort", records("a1", 7, 2, with_headers=True)),
+        ("commit", records("c2", 5, 2)),
+        ("abort", records("a2", 4, 2)),
+        ("commit", records("c3", 6, 2, with_headers=True)),
+    ])
+    assert len(committed) == 21
+
+    got = spark_read(kafka_spark, bootstrap, topic_name)
+    assert got == committed
+
+    # The same read under read_uncommitted also returns the aborted records: the isolation level reached the broker.
+    uncommitted = spark_read(kafka_spark, bootstrap, topic_name, isolation="read_uncommitted")
+    assert sorted(r.value for r in uncommitted if r.value.startswith((b"a1-", b"a2-"))) == \
+        sorted(o.value for o in records("a1", 7, 2) + records("a2", 4, 2))
+    assert [r for r in uncommitted if not r.value.startswith((b"a1-", b"a2-"))] == committed
+
+
+def test_batch_read_committed_stops_at_an_open_transaction(kafka_spark, module_broker, topic_name):
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    before = write_transactions(bootstrap, topic_name, [("commit", records("before", 6, 2))])
+    holder = transactional_producer(bootstrap)
+    try:
+        produce_in_transaction(holder, topic_name, records("open", 4, 2))
+        # Committed after the open transaction started: above the last stable offset until it ends.
+        later = write_transactions(bootstrap, topic_name, [("commit", records("later", 4, 2))])
+
+        assert spark_read(kafka_spark, bootstrap, topic_name) == before
+
+        holder.abort_transaction(30)
+        assert spark_read(kafka_spark, bootstrap, topic_name) == sorted(before + later,
+                                                                         key=lambda r: (r.partition, r.offset))
+    finally:
+        holder.flush(5)
+
+
+def test_streaming_read_committed_available_now(kafka_spark, module_broker, topic_name, tmp_path):
+    """The streaming source plans offsets with the connector's admin client (ListOffsets under read_committed)."""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    committed = write_transactions(bootstrap, topic_name, [
+        ("commit", records("s1", 8, 2)), ("abort", records("x1", 5, 2)), ("commit", records("s2", 6, 2)),
+    ])
+    query = (kafka_spark.readStream.format("kafka")
+             .option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", topic_name)
+             .option("startingOffsets", "earliest")
+             .option("kafka.isolation.level", "read_committed")
+             .option("maxOffsetsPerTrigger", "7")
+             .load()
+             .writeStream.format("memory").queryName("kafka_stream_out")
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(availableNow=True)
+             .start())
+    try:
+        assert query.awaitTermination(120), "the AvailableNow query did not finish in 120 s"
+        assert query.exception() is None, query.exception()
+        rows = kafka_spark.sql("select partition, offset, key, value from kafka_stream_out").collect()
+        batches = [p for p in query.recentProgress if p.numInputRows > 0]
+    finally:
+        query.stop()
+    got = sorted((Rec(r.partition, r.offset, r.key, r.value) for r in rows), key=lambda r: (r.partition, r.offset))
+    assert got == committed
+    assert len(batches) >= 3, f"maxOffsetsPerTrigger=7 over 26 offsets gave {len(batches)} batches"
