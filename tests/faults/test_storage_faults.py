@@ -198,3 +198,33 @@ def test_full_disk_refuses_with_storage_error_and_production_continues(small_dis
     broker.stop()
     broker.start()
     assert_acked_exactly_once(producer.acked, read_everything(broker.bootstrap, topic_name, 2))
+
+
+def delete_records_raw(bootstrap: str, topic: str, offset: int) -> tuple[int, int]:
+    """DeleteRecords on partition 0: (error code, low watermark)."""
+    from kafka.protocol.admin import DeleteRecordsRequest
+
+    req = DeleteRecordsRequest[2]
+    t = req.DeleteRecordsTopic
+    with Wire(bootstrap) as w:
+        resp = w.request(req(topics=[t(name=topic, partitions=[
+            t.DeleteRecordsPartition(partition_index=0, offset=offset)])], timeout_ms=10000), 2)
+    (p,) = resp.topics[0].partitions
+    return p.error_code, p.low_watermark
+
+
+def test_delete_records_on_a_full_disk_is_not_acknowledged(small_disk, broker_factory, topic_name):
+    """The new log start offset cannot be checkpointed: the answer is 56, not success and not a dropped
+    connection; once there is room, DeleteRecords succeeds."""
+    broker = start_on(small_disk, broker_factory)
+    create_topic(broker.bootstrap, topic_name, 1)
+    with Wire(broker.bootstrap) as w:
+        for n in range(10):
+            assert produce_raw(w, topic_name, 0, raw_batch(n)).error_code == 0
+    small_disk.fill()
+    assert delete_records_raw(broker.bootstrap, topic_name, 4) == (KAFKA_STORAGE_ERROR, -1)
+    small_disk.free()
+    assert delete_records_raw(broker.bootstrap, topic_name, 6) == (0, 6)
+    broker.stop()
+    broker.start()
+    assert delete_records_raw(broker.bootstrap, topic_name, 6) == (0, 6)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from ...errors import ErrorCode, KafkaError
@@ -11,6 +12,8 @@ from ...protocol.messages import decode_request, encode_response
 if TYPE_CHECKING:
     from ..dispatch import RequestContext
     from ..server import Broker
+
+log = logging.getLogger("oncelog.records")
 
 
 async def handle_delete_records(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
@@ -38,5 +41,14 @@ async def handle_delete_records(broker: Broker, ctx: RequestContext, body: memor
             parts.append(out)
         topics.append({"name": t.name, "partitions": parts})
     if moved:
-        broker.logs.checkpoint()  # a log start offset must survive a crash once acknowledged
+        try:
+            broker.logs.checkpoint()  # a log start offset must survive a crash once acknowledged
+        except OSError as exc:
+            # Not durable, so not acknowledged (a full disk, a failing device): the deletion stands in memory
+            # and the next checkpoint persists it, but this answer promises nothing.
+            for t in topics:
+                for out in t["partitions"]:
+                    if out["error_code"] == 0:
+                        out.update(error_code=ErrorCode.KAFKA_STORAGE_ERROR, low_watermark=-1)
+            log.error("DeleteRecords: writing the log start offset checkpoint failed: %s", exc)
     return encode_response(ApiKey.DELETE_RECORDS, ctx.api_version, {"throttle_time_ms": 0, "topics": topics})
