@@ -6,6 +6,7 @@ Each module's owner adds its public names here as the module lands.
 from __future__ import annotations
 
 from . import errors
+from .admin import Admin, AsyncAdmin
 from .config import ClientConfig
 from .errors import (
     AbortableError,
@@ -23,6 +24,8 @@ from .errors import (
 
 __all__ = [
     "errors",
+    "Admin",
+    "AsyncAdmin",
     "ClientConfig",
     "KafkaError",
     "RetriableError",
