@@ -228,3 +228,81 @@ def test_delete_records_on_a_full_disk_is_not_acknowledged(small_disk, broker_fa
     broker.stop()
     broker.start()
     assert delete_records_raw(broker.bootstrap, topic_name, 6) == (0, 6)
+
+
+def test_aborted_transaction_index_on_a_full_disk_keeps_the_entry(small_disk):
+    """An ABORT marker that reached the log must be in the aborted-transaction index at once, even when its
+    `.txnindex` file cannot be written: read_committed fetches rely on it. The file is written when there is
+    room again; until then syncing it fails, so no snapshot claims it is on disk."""
+    from oncelog.storage.txn_index import AbortedTxn, TxnIndex
+
+    directory = small_disk.path / "t-0"
+    directory.mkdir()
+    index = TxnIndex(directory, "t-0")
+    small_disk.fill()
+    index.append(AbortedTxn(last_offset=10, producer_id=7, first_offset=3, last_stable_offset=3), 0)
+    assert index.collect(0, 11) == [(7, 3)]
+    with pytest.raises(OSError):
+        index.sync()
+    small_disk.free()
+    index.append(AbortedTxn(last_offset=20, producer_id=8, first_offset=12, last_stable_offset=12), 0)
+    index.sync()
+    reloaded = TxnIndex(directory, "t-0")
+    reloaded.load()
+    assert reloaded.collect(0, 21) == [(7, 3), (8, 12)]
+
+
+def lso_and_hwm(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int]]:
+    from confluent_kafka import IsolationLevel
+    from confluent_kafka import TopicPartition as TP
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    client = AdminClient({"bootstrap.servers": bootstrap})
+    tps = [TP(topic, p) for p in range(partitions)]
+    lso = client.list_offsets({tp: OffsetSpec.latest() for tp in tps}, isolation_level=IsolationLevel.READ_COMMITTED)
+    hwm = client.list_offsets({tp: OffsetSpec.latest() for tp in tps},
+                              isolation_level=IsolationLevel.READ_UNCOMMITTED)
+    return [(lso[tp].result(10).offset, hwm[tp].result(10).offset) for tp in tps]
+
+
+@pytest.mark.parametrize("commit", [False, True])
+def test_transaction_ended_on_a_full_disk_neither_hangs_nor_leaks(small_disk, broker_factory, topic_name, commit):
+    """End a transaction while the disk is full: the end fails or succeeds, but once there is room again the
+    transaction is decided (LSO reaches the high watermark without a restart), read_committed shows its
+    records only if it committed, and the producer goes on."""
+    broker = start_on(small_disk, broker_factory, {"transaction.abort.timed.out.transaction.cleanup.interval.ms": 500})
+    create_topic(broker.bootstrap, topic_name, 2)
+    conf = {"bootstrap.servers": broker.bootstrap, "transactional.id": f"full-{topic_name}",
+            "transaction.timeout.ms": 10_000, "request.timeout.ms": 5_000}
+    p = Producer(conf)
+    p.init_transactions(30)
+    p.begin_transaction()
+    for n in range(6):
+        p.produce(topic_name, f"in-doubt-{n}".encode(), partition=n % 2)
+    assert p.flush(30) == 0
+    small_disk.fill()
+    try:
+        (p.commit_transaction if commit else p.abort_transaction)(8)
+        ended = True
+    except Exception:  # noqa: BLE001 - refused while the disk is full: fine, as long as nothing leaks
+        ended = False
+    small_disk.free()
+    if not ended:
+        try:
+            p.abort_transaction(30)
+        except Exception:  # noqa: BLE001 - a fatal state: a new instance fences and aborts
+            p = Producer(conf)
+            p.init_transactions(30)
+    wait_until(lambda: all(lso == hwm for lso, hwm in lso_and_hwm(broker.bootstrap, topic_name, 2)),
+               timeout=40, what="the transaction decided after the disk freed up")
+    p.begin_transaction()
+    p.produce(topic_name, b"after", partition=0)
+    p.commit_transaction(30)
+    seen = [v for records in read_everything(broker.bootstrap, topic_name, 2).values() for _, v in records]
+    in_doubt = sorted(v for v in seen if v.startswith("in-doubt"))
+    assert in_doubt in ([], [f"in-doubt-{n}" for n in range(6)]), f"a transaction half visible: {in_doubt}"
+    if ended:
+        assert len(in_doubt) == (6 if commit else 0), (commit, in_doubt)
+    elif not commit:
+        assert not in_doubt, "records of an aborted transaction read under read_committed"
+    assert "after" in seen

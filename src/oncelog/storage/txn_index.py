@@ -37,6 +37,7 @@ class TxnIndex:
         self.name = name
         self.entries: list[AbortedTxn] = []
         self._dirty_files: set[Path] = set()
+        self._unwritten: dict[Path, list[AbortedTxn]] = {}  # in memory, not yet in their file
 
     def _path(self, segment_base: int) -> Path:
         return self.directory / f"{segment_base:020d}{SUFFIX}"
@@ -58,12 +59,39 @@ class TxnIndex:
         self.entries = entries
 
     def append(self, entry: AbortedTxn, segment_base: int) -> None:
-        path = self._path(segment_base)
-        with open(path, "ab") as f:
-            f.write(_ENTRY.pack(0, entry.producer_id, entry.first_offset, entry.last_offset,
-                                entry.last_stable_offset))
-        self._dirty_files.add(path)
+        """Record an ABORT marker that is already in the log. Memory first: read_committed fetches must skip
+        the aborted records from now on, whatever the disk says. A failed file write (full disk) is retried
+        by `sync`, which fails until it succeeds, so no producer-state snapshot is written past a marker
+        whose entry is not on disk (the replay after a crash recreates it)."""
         insort(self.entries, entry)
+        path = self._path(segment_base)
+        self._unwritten.setdefault(path, []).append(entry)
+        self._dirty_files.add(path)
+        try:
+            self._write_unwritten(path)
+        except OSError as exc:
+            log.error("%s: aborted-transaction index %s not written (%s); retried at the next snapshot",
+                      self.name, path.name, exc)
+
+    def _write_unwritten(self, path: Path) -> None:
+        pending = self._unwritten.get(path)
+        if not pending:
+            return
+        data = b"".join(_ENTRY.pack(0, e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
+                        for e in pending)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            size = os.fstat(fd).st_size
+            whole = size - size % _ENTRY.size  # a torn entry of an earlier failed write is overwritten
+            written = os.pwrite(fd, data, whole)
+            if written != len(data):
+                os.ftruncate(fd, whole)
+                raise OSError(f"short write to {path.name} ({written} of {len(data)} bytes)")
+            if whole != size:
+                os.ftruncate(fd, whole + len(data))
+        finally:
+            os.close(fd)
+        del self._unwritten[path]
 
     def collect(self, start: int, end: int) -> list[tuple[int, int]]:
         """(producer id, first offset) of aborted transactions overlapping [start, end)."""
@@ -94,9 +122,13 @@ class TxnIndex:
         self.entries = [e for e in self.entries if not segment_base <= e.last_offset < next_base]
         path = self._path(segment_base)
         self._dirty_files.discard(path)
+        self._unwritten.pop(path, None)
         path.unlink(missing_ok=True)
 
     def sync(self) -> None:
+        """Write what earlier appends could not, then fsync; raises OSError while that still fails."""
+        for path in list(self._unwritten):
+            self._write_unwritten(path)
         for path in list(self._dirty_files):
             try:
                 fd = os.open(path, os.O_RDONLY)
