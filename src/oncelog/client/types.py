@@ -9,7 +9,7 @@ per-batch-kind subclass instead of in each instance.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 __all__ = [
     "OFFSET_BEGINNING",
@@ -20,6 +20,7 @@ __all__ = [
     "TIMESTAMP_CREATE_TIME",
     "TIMESTAMP_LOG_APPEND_TIME",
     "TopicPartition",
+    "ConsumerGroupMetadata",
     "Message",
     "message_class",
     "error_message",
@@ -72,6 +73,19 @@ class TopicPartition:
         extra = f", error={self.error!r}" if self.error is not None else ""
         epoch = f", leader_epoch={self.leader_epoch}" if self.leader_epoch is not None else ""
         return f"TopicPartition({self.topic!r}, {self.partition}, {self.offset}{epoch}{extra})"
+
+
+class ConsumerGroupMetadata(NamedTuple):
+    """A consumer's group membership as an offset commit must prove it (Consumer.consumer_group_metadata()).
+
+    The producer's send_offsets_to_transaction sends these fields in TxnOffsetCommit, so the
+    coordinator can refuse offsets from a member of an older generation (KIP-447).
+    """
+
+    group_id: str
+    generation_id: int = -1
+    member_id: str = ""
+    group_instance_id: str | None = None
 
 
 class Message(tuple):
