@@ -1,6 +1,5 @@
-"""The `oncelog` command. `serve` runs a broker in the foreground.
-
-Client-side subcommands (topics, produce, consume, ...) arrive with the Python client.
+"""The `oncelog` command. `serve` runs a broker in the foreground; the client commands (topics, records,
+producers, transactions, groups, produce, consume) live in `cli_commands/`, one module per family.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ import signal
 import sys
 from pathlib import Path
 
+from . import cli_commands
 from .config import ConfigError, load_broker_config
 
 
@@ -23,7 +23,9 @@ def _host_port(text: str) -> tuple[str, int]:
 
 
 def _build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="oncelog", description="A Kafka-protocol broker with exactly-once producers.")
+    parser = argparse.ArgumentParser(
+        prog="oncelog",
+        description="A Kafka-protocol broker with exactly-once producers (serve), and a client for it.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one broker in the foreground")
     serve.add_argument("--data-dir", default="./data", help="where partition logs live (default ./data)")
@@ -32,6 +34,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
     serve.add_argument("--metrics-listen", type=_host_port, help="HOST:PORT for Prometheus metrics")
     serve.add_argument("--log-level", default="INFO", help="DEBUG, INFO, WARNING or ERROR")
+    cli_commands.register(sub)
     return parser
 
 
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"oncelog: cannot start: {exc}", file=sys.stderr)
             return 1
-    return 2
+    return cli_commands.run(args)
 
 
 if __name__ == "__main__":

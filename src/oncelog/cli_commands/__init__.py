@@ -1,0 +1,44 @@
+"""The `oncelog` client commands, one module per command family, on top of `oncelog.client`.
+
+`register` adds them to the top-level parser; `run` executes the chosen one under the
+CLI's error contract (common.py): a Kafka error or a usage problem is one line on stderr
+and exit status 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from . import groups, producers, records, topics, transactions
+from .common import CommandError, connection_options
+
+FAMILIES = [topics, records, producers, transactions, groups]
+
+
+def register(sub: Any) -> None:
+    common = connection_options()
+    for family in FAMILIES:
+        family.register(sub, common)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..client.errors import KafkaError
+
+    try:
+        return args.handler(args)
+    except KafkaError as exc:
+        _fail(str(exc))
+    except (CommandError, ValueError) as exc:
+        _fail(str(exc))
+    except KeyboardInterrupt:
+        print("oncelog: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `oncelog ... | head`: the reader left, nothing more to say
+        return 0
+    return 1
+
+
+def _fail(message: str) -> None:
+    print(f"oncelog: error: {message}", file=sys.stderr)

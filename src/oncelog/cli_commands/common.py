@@ -1,0 +1,96 @@
+"""What every client command shares: connection options, argument parsers, and the error contract.
+
+Exit codes: 0 success, 1 a Kafka or usage error reported as one line on stderr (no traceback),
+2 for command-line syntax errors (argparse's own).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
+
+
+class CommandError(Exception):
+    """A problem the user can fix, reported as one line and exit status 1."""
+
+
+def connection_options() -> argparse.ArgumentParser:
+    """Options every client command takes (added to each leaf parser, so they may follow the command)."""
+    parent = argparse.ArgumentParser(add_help=False)
+    group = parent.add_argument_group("connection and output")
+    group.add_argument("--bootstrap-server", "-b", default=os.environ.get(BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP),
+                       metavar="HOST:PORT",
+                       help=f"broker(s) to bootstrap from (default ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP})")
+    group.add_argument("--command-config", "-X", action="append", default=[], metavar="KEY=VALUE",
+                       help="a client configuration property (Kafka's names), repeatable")
+    group.add_argument("--json", action="store_true", help="print the result as JSON, for scripts")
+    group.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
+                       help="give up on an operation after this long (default 60)")
+    return parent
+
+
+def client_config(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    conf: dict[str, Any] = {"bootstrap.servers": args.bootstrap_server, "client.id": "oncelog-cli"}
+    for item in args.command_config:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"--command-config expects KEY=VALUE, got {item!r}")
+        conf[key.strip()] = value
+    conf.update(extra or {})
+    if "request.timeout.ms" not in conf:  # so that --timeout also bounds reaching a broker at all
+        conf["request.timeout.ms"] = max(1, min(30000, int(args.timeout * 1000)))
+    return conf
+
+
+@contextmanager
+def admin_client(args: argparse.Namespace) -> Iterator[Any]:
+    from ..client.admin import Admin
+
+    admin = Admin(client_config(args), api_timeout=args.timeout)
+    try:
+        yield admin
+    finally:
+        admin.close()
+
+
+def key_values(items: list[str], option: str) -> dict[str, str]:
+    """['k=v', ...] -> {'k': 'v'}."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise CommandError(f"{option} expects KEY=VALUE, got {item!r}")
+        out[key] = value
+    return out
+
+
+def topic_partition(text: str) -> tuple[str, int]:
+    """'TOPIC:PARTITION' (the last colon splits, so topic names stay free)."""
+    topic, sep, partition = text.rpartition(":")
+    if not sep or not topic or not partition.lstrip("-").isdigit():
+        raise argparse.ArgumentTypeError(f"expected TOPIC:PARTITION, got {text!r}")
+    return topic, int(partition)
+
+
+def topic_partitions(text: str) -> tuple[str, list[int] | None]:
+    """'TOPIC' (every partition) or 'TOPIC:P1,P2'."""
+    topic, sep, rest = text.rpartition(":")
+    if sep and rest and all(p.strip().isdigit() for p in rest.split(",")):
+        return topic, [int(p) for p in rest.split(",")]
+    return text, None
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+Handler = Callable[[argparse.Namespace], int]
