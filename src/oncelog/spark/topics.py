@@ -1,0 +1,57 @@
+"""Which partitions a query reads and where they begin and end: what the driver asks the broker while planning.
+
+Planning runs in Python processes on the driver (a planning worker for batch reads, one long-lived source runner
+for a streaming query), each asking again every micro-batch, so the admin client is kept in the client's
+per-process cache and its connections outlive a batch. "latest" under read_committed is the last stable offset:
+a micro-batch never ends inside an open transaction, so a replay re-reads exactly the records the first run did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from oncelog.client.admin import Admin
+from oncelog.client.config import ClientConfig, keys_for_role
+from oncelog.client.runtime import cached
+from oncelog.spark.offsets import TP, Offsets
+from oncelog.spark.options import OptionError, ReadOptions
+
+_ADMIN_KEYS = frozenset(keys_for_role("admin"))
+
+
+def admin_for(options: ReadOptions) -> Admin:
+    """The process's admin client for these options' cluster and client settings."""
+    conf = {k: v for k, v in options.client_config().items() if k in _ADMIN_KEYS}
+    key = ("oncelog.spark.admin", tuple(sorted(conf.items())))
+    return cached(key, lambda: Admin(ClientConfig(conf, "admin")))
+
+
+def partitions(options: ReadOptions, *, require_topics: bool) -> list[TP]:
+    """The partitions the query reads now, sorted.
+
+    With `subscribe`, a topic that does not exist yet has no partitions: a streaming query waits for it, a
+    batch query (`require_topics`) fails with a message naming it. With `assign`, every named partition must
+    exist.
+    """
+    admin = admin_for(options)
+    existing = {t.name: t.partitions for t in admin.list_topics()}
+    if options.topics is not None:
+        missing = [t for t in options.topics if t not in existing]
+        if missing and require_topics:
+            raise OptionError(f"option 'subscribe': no such topic: {', '.join(missing)}")
+        return sorted((t, p) for t in options.topics if t in existing for p in range(existing[t]))
+    assert options.assigned is not None
+    absent = [f"{t}-{p}" for t, ps in options.assigned.items() for p in ps if p >= existing.get(t, 0)]
+    if absent:
+        raise OptionError(f"option 'assign': no such partition: {', '.join(absent)}")
+    return sorted((t, p) for t, ps in options.assigned.items() for p in ps)
+
+
+def offsets(options: ReadOptions, tps: Iterable[TP], which: str) -> Offsets:
+    """'earliest' (log start offsets) or 'latest' (last stable offsets under read_committed, else high
+    watermarks) of `tps`."""
+    tps = list(tps)
+    if not tps:
+        return {}
+    listed = admin_for(options).list_offsets({tp: which for tp in tps}, isolation=options.isolation_level)
+    return {(tp.topic, tp.partition): answer.offset for tp, answer in listed.items()}
