@@ -187,6 +187,8 @@ class _Feed:
         self.fetcher: Fetcher  # set by _Core
         self.cur: Chunk | None = None
         self.group_events: deque[RebalanceEvent | KafkaError] = deque()
+        # Chunks of paused partitions, set aside until resume (the Java consumer keeps them too).
+        self.parked: dict[TP, list[Chunk]] = {}
 
     # called on the loop
     def post_group_event(self, event: RebalanceEvent) -> None:
@@ -230,9 +232,24 @@ class _Feed:
             if item.version != item.state.version or not item.messages:
                 self._finish(item)
                 continue
+            if item.state.paused:
+                self.parked.setdefault(item.state.tp, []).append(item)
+                continue
             self.cur = item
             return None
         return None
+
+    def pause(self, tp: TP) -> None:
+        cur = self.cur
+        if cur is not None and cur.state.tp == tp:
+            self.cur = None
+            if cur.index > 0 and cur.version == cur.state.version:
+                cur.state.position = cur.messages[cur.index - 1][0] + 1  # its progress so far
+            self.parked.setdefault(tp, []).insert(0, cur)
+
+    def resume(self, tp: TP) -> None:
+        for chunk in reversed(self.parked.pop(tp, [])):
+            self.buffer.items.appendleft(chunk)
 
     def next_message(self) -> Message | None:
         """One message or event if one is ready now."""
@@ -352,6 +369,10 @@ class _Application:
             if state is None:
                 raise KafkaError(f"{tp.topic} [{tp.partition}] is not assigned")
             state.paused = paused
+            if paused:
+                self._feed.pause(state.tp)
+            else:
+                self._feed.resume(state.tp)
         self._feed.fetcher.wake()
 
     def get_watermark_offsets_cached(self, partition: TopicPartition) -> tuple[int, int]:

@@ -1,0 +1,179 @@
+"""Consumer groups with our consumer (classic protocol, eager rebalancing): two of ours split the
+partitions, ours and a librdkafka member share a group (each assignor, either one leading), every
+record is consumed exactly once, and the survivor takes over when a member leaves.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from confluent_kafka import Consumer as CKConsumer
+from tests.integration.helpers import Out, ck_produce, create_topic
+
+from oncelog.client.consumer.consumer import Consumer
+from oncelog.client.types import TopicPartition
+
+PARTITIONS = 4
+Seen = list[tuple[int, int]]  # (partition, offset)
+
+
+def ours(bootstrap: str, group: str, **conf: Any) -> Consumer:
+    base = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 100, "heartbeat.interval.ms": 200, "session.timeout.ms": 6000,
+            "auto.commit.interval.ms": 200}
+    base.update(conf)
+    return Consumer(base)
+
+
+def theirs(bootstrap: str, group: str, **conf: Any) -> CKConsumer:
+    base = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+            "fetch.wait.max.ms": 100, "heartbeat.interval.ms": 200, "session.timeout.ms": 6000,
+            "auto.commit.interval.ms": 200}
+    base.update(conf)
+    return CKConsumer(base)
+
+
+def produce(bootstrap: str, topic: str, start: int, n: int) -> None:
+    ck_produce(bootstrap, topic, [Out(i % PARTITIONS, None, b"v%d" % i) for i in range(start, start + n)])
+
+
+def drain(members: dict[str, Any], seen: dict[str, Seen], until: Callable[[], bool], timeout: float = 40.0) -> None:
+    """Poll every member in turn (short polls, one thread) until `until()`."""
+    deadline = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < deadline, f"timed out; seen so far {({k: len(v) for k, v in seen.items()})}"
+        for name, c in members.items():
+            m = c.poll(0.05)
+            if m is None:
+                continue
+            assert m.error() is None, f"{name}: {m.error()}"
+            seen[name].append((m.partition(), m.offset()))
+
+
+def wait_assigned(members: dict[str, Any], want: Callable[[dict[str, set[int]]], bool],
+                  seen: dict[str, Seen], timeout: float = 40.0) -> dict[str, set[int]]:
+    deadline = time.monotonic() + timeout
+    while True:
+        for name, c in members.items():
+            m = c.poll(0.05)
+            if m is not None and m.error() is None:
+                seen[name].append((m.partition(), m.offset()))
+        got = {name: {tp.partition for tp in c.assignment()} for name, c in members.items()}
+        if want(got):
+            return got
+        assert time.monotonic() < deadline, f"assignment never settled: {got}"
+
+
+def split_evenly(got: dict[str, set[int]]) -> bool:
+    parts = list(got.values())
+    return all(len(p) == PARTITIONS // len(parts) for p in parts) and \
+        set().union(*parts) == set(range(PARTITIONS))
+
+
+@pytest.fixture
+def topic(module_broker, topic_name):
+    create_topic(module_broker.bootstrap, topic_name, PARTITIONS)
+    return topic_name
+
+
+def test_two_of_ours_split_the_partitions_and_the_survivor_takes_over(module_broker, topic, topic_name):
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 400)
+    assigned_log: list[tuple[str, str, list[int]]] = []
+
+    def callbacks(name: str) -> dict[str, Any]:
+        def on_assign(consumer: Consumer, parts: list[TopicPartition]) -> None:
+            assigned_log.append((name, "assign", sorted(tp.partition for tp in parts)))
+
+        def on_revoke(consumer: Consumer, parts: list[TopicPartition]) -> None:
+            assigned_log.append((name, "revoke", sorted(tp.partition for tp in parts)))
+        return {"on_assign": on_assign, "on_revoke": on_revoke}
+
+    a = ours(module_broker.bootstrap, group)
+    b = ours(module_broker.bootstrap, group)
+    seen: dict[str, Seen] = {"a": [], "b": []}
+    try:
+        a.subscribe([topic], **callbacks("a"))
+        b.subscribe([topic], **callbacks("b"))
+        members = {"a": a, "b": b}
+        got = wait_assigned(members, split_evenly, seen)
+        assert got["a"].isdisjoint(got["b"])
+        meta = a.consumer_group_metadata()
+        assert meta.group_id == group and meta.generation_id >= 1 and meta.member_id
+        drain(members, seen, lambda: len(seen["a"]) + len(seen["b"]) >= 400)
+        b.close()
+        del members["b"]
+        wait_assigned(members, lambda g: g["a"] == set(range(PARTITIONS)), seen)
+        produce(module_broker.bootstrap, topic, 400, 100)
+        drain(members, seen, lambda: len(seen["a"]) + len(seen["b"]) >= 500)
+        assert a.poll(0.5) is None
+    finally:
+        a.close()
+        b.close()
+    everything = seen["a"] + seen["b"]
+    assert sorted(everything) == sorted({(p, o) for p in range(PARTITIONS) for o in range(125)})
+    assert ("a", "assign", [0, 1, 2, 3]) in assigned_log
+    assert any(name == "b" and kind == "assign" and len(parts) == 2 for name, kind, parts in assigned_log)
+
+
+@pytest.mark.parametrize("strategy", ["range", "roundrobin"])
+@pytest.mark.parametrize("first", ["ours", "librdkafka"])
+def test_mixed_group_with_librdkafka_consumes_each_record_once(module_broker, topic, topic_name, strategy, first):
+    """Whoever joins first leads the first generation; the later rebalances are led by either."""
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 400)
+    o = ours(module_broker.bootstrap, group, **{"partition.assignment.strategy": strategy})
+    t = theirs(module_broker.bootstrap, group, **{"partition.assignment.strategy": strategy})
+    seen: dict[str, Seen] = {"ours": [], "librdkafka": []}
+    try:
+        order = [("ours", o), ("librdkafka", t)] if first == "ours" else [("librdkafka", t), ("ours", o)]
+        for _, c in order:
+            c.subscribe([topic])
+        members = dict(order)
+        got = wait_assigned(members, split_evenly, seen)
+        assert got["ours"].isdisjoint(got["librdkafka"])
+        drain(members, seen, lambda: len(seen["ours"]) + len(seen["librdkafka"]) >= 400)
+        # librdkafka leaves: ours takes everything and reads what comes next, from the committed offsets
+        t.close()
+        del members["librdkafka"]
+        wait_assigned(members, lambda g: g["ours"] == set(range(PARTITIONS)), seen)
+        produce(module_broker.bootstrap, topic, 400, 40)
+        drain(members, seen, lambda: len(seen["ours"]) + len(seen["librdkafka"]) >= 440)
+        assert o.poll(0.5) is None
+    finally:
+        o.close()
+        t.close()
+    everything = seen["ours"] + seen["librdkafka"]
+    assert len(everything) == len(set(everything)), "a record was consumed twice"
+    assert set(everything) == {(p, off) for p in range(PARTITIONS) for off in range(110)}
+    assert {p for p, _ in seen["ours"]} and {p for p, _ in seen["librdkafka"]}
+
+
+def test_ours_leaves_and_librdkafka_takes_over(module_broker, topic, topic_name):
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 200)
+    o = ours(module_broker.bootstrap, group)
+    t = theirs(module_broker.bootstrap, group)
+    seen: dict[str, Seen] = {"ours": [], "librdkafka": []}
+    try:
+        o.subscribe([topic])
+        t.subscribe([topic])
+        members: dict[str, Any] = {"ours": o, "librdkafka": t}
+        wait_assigned(members, split_evenly, seen)
+        drain(members, seen, lambda: len(seen["ours"]) + len(seen["librdkafka"]) >= 200)
+        o.close()  # commits what it consumed, then LeaveGroup: no wait for the session timeout
+        del members["ours"]
+        started = time.monotonic()
+        wait_assigned(members, lambda g: g["librdkafka"] == set(range(PARTITIONS)), seen, timeout=20)
+        assert time.monotonic() - started < 5.5, "the rebalance waited for the session timeout"
+        produce(module_broker.bootstrap, topic, 200, 40)
+        drain(members, seen, lambda: len(seen["ours"]) + len(seen["librdkafka"]) >= 240)
+    finally:
+        o.close()
+        t.close()
+    everything = seen["ours"] + seen["librdkafka"]
+    assert len(everything) == len(set(everything)), "a record was consumed twice"
+    assert set(everything) == {(p, off) for p in range(PARTITIONS) for off in range(60)}
