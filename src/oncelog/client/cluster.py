@@ -29,12 +29,17 @@ from .config import ClientConfig
 from .connection import BrokerConnection
 from .errors import KafkaError, KafkaTimeoutError, NetworkError, RetriableError, error_for
 
-__all__ = ["Cluster", "BrokerInfo", "TopicMetadata", "PartitionMetadata", "GROUP", "TRANSACTION"]
+__all__ = ["Cluster", "BrokerInfo", "TopicMetadata", "PartitionMetadata", "GROUP", "TRANSACTION", "COORDINATOR_BASE"]
 
 log = logging.getLogger("oncelog.client.cluster")
 
 GROUP = 0
 TRANSACTION = 1
+
+#: Coordinator traffic gets its own connection per broker, numbered COORDINATOR_BASE - node id (the Java
+#: client's convention): a JoinGroup that waits out a rebalance, or an EndTxn, must not queue behind fetch
+#: long polls on the data connection, nor hold them up.
+COORDINATOR_BASE = 2**31 - 1
 
 _COORDINATOR_MOVED = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE})
 _COORDINATOR_RETRY = _COORDINATOR_MOVED | {ErrorCode.COORDINATOR_LOAD_IN_PROGRESS}
@@ -160,7 +165,13 @@ class Cluster:
 
     # -- connections ----------------------------------------------------------------------------
 
+    @staticmethod
+    def _is_coordinator_link(node_id: int) -> bool:
+        return node_id > COORDINATOR_BASE // 2
+
     def _address(self, node_id: int) -> BrokerInfo | None:
+        if self._is_coordinator_link(node_id):
+            node_id = COORDINATOR_BASE - node_id
         info = self.brokers.get(node_id)
         if info is None:
             info = next((b for b in self._bootstrap if b.node_id == node_id), None)
@@ -202,7 +213,7 @@ class Cluster:
         if info is None:
             raise RetriableError(f"broker node {node_id} left the cluster metadata", ErrorCode.BROKER_NOT_AVAILABLE)
         conn = BrokerConnection(
-            info.host, info.port, node_id,
+            info.host, info.port, info.node_id,  # a coordinator link reports its broker's id
             client_id=self.config.client_id,
             request_timeout_ms=self.config["request.timeout.ms"],
             connect_timeout_ms=self.config["socket.connection.setup.timeout.ms"],
@@ -224,7 +235,8 @@ class Cluster:
         return conn
 
     def connected_nodes(self) -> list[int]:
-        return [n for n, c in self._connections.items() if not c.closed]
+        """Node ids with an open data connection (coordinator connections not included)."""
+        return sorted(n for n, c in self._connections.items() if not c.closed and not self._is_coordinator_link(n))
 
     async def any_connection(self) -> BrokerConnection:
         """A connection to some broker: an open one if there is one, else the next reachable known broker,
@@ -233,7 +245,7 @@ class Cluster:
         open_known = [c for n, c in self._connections.items() if not c.closed and n in self.brokers]
         if open_known:
             return min(open_known, key=lambda c: c.in_flight)
-        open_any = [c for c in self._connections.values() if not c.closed]
+        open_any = [c for n, c in self._connections.items() if not c.closed and not self._is_coordinator_link(n)]
         if open_any:
             return open_any[0]
         candidates = list(self.brokers) or [b.node_id for b in self._bootstrap]
@@ -315,8 +327,10 @@ class Cluster:
                    for b in response.brokers}
         if brokers:
             for node_id, conn in list(self._connections.items()):
+                if node_id < 0 or self._is_coordinator_link(node_id):
+                    continue
                 info = brokers.get(node_id)
-                if node_id >= 0 and (info is None or (info.host, info.port) != (conn.host, conn.port)):
+                if info is None or (info.host, info.port) != (conn.host, conn.port):
                     self._drop_connection(node_id)  # the node moved or left: its connection is stale
             self.brokers = brokers
             self._adopt_bootstrap_connections()
@@ -408,6 +422,9 @@ class Cluster:
     async def coordinator(self, key: str, key_type: int = GROUP, *, timeout: float | None = None) -> BrokerConnection:
         """The connection to the coordinator of a group (key_type 0) or transactional id (1).
 
+        It is a connection of its own (kept under COORDINATOR_BASE - broker id), separate from the data
+        connection to the same broker; its `node_id` is the broker's.
+
         FindCoordinator is retried while the answer is retriable (COORDINATOR_NOT_AVAILABLE while the
         internal topic is created, ...), up to `timeout` (request.timeout.ms by default).
         """
@@ -416,7 +433,7 @@ class Cluster:
         node_id = self._coordinators.get(cache_key)
         if node_id is not None:
             try:
-                return await self.connection(node_id)
+                return await self.connection(COORDINATOR_BASE - node_id)
             except NetworkError:
                 self.invalidate_coordinator(key, key_type)
                 raise
@@ -434,7 +451,7 @@ class Cluster:
 
             task.add_done_callback(done)
         node_id = await asyncio.shield(task)
-        return await self.connection(node_id)
+        return await self.connection(COORDINATOR_BASE - node_id)
 
     def invalidate_coordinator(self, key: str, key_type: int = GROUP) -> None:
         """Forget the coordinator (after NOT_COORDINATOR or a broken connection): the next call asks again."""
@@ -455,6 +472,7 @@ class Cluster:
                     known = self.brokers.get(node.node_id)
                     if known is None or (known.host, known.port) != (node.host, node.port):
                         self._drop_connection(node.node_id)
+                        self._drop_connection(COORDINATOR_BASE - node.node_id)
                         self.brokers[node.node_id] = node
                     return node.node_id
                 error: KafkaError = RetriableError(f"coordinator for {key!r} not available yet",

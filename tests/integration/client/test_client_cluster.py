@@ -8,7 +8,7 @@ import time
 import pytest
 from tests.integration.helpers import create_topic
 
-from oncelog.client.cluster import GROUP, TRANSACTION, Cluster
+from oncelog.client.cluster import COORDINATOR_BASE, GROUP, TRANSACTION, Cluster
 from oncelog.client.config import ClientConfig
 from oncelog.client.errors import KafkaError, NetworkError, RetriableError
 from oncelog.errors import ErrorCode
@@ -91,7 +91,11 @@ def test_find_coordinator_for_groups_and_transactions(module_broker):
             await cluster.bootstrap()
             group = await cluster.coordinator("g-coord", GROUP)
             txn = await cluster.coordinator("txn-coord", TRANSACTION)
-            assert group.node_id == 0 and txn.node_id == 0 and group is txn
+            assert cluster.coordinator_id("g-coord", GROUP) == 0 and cluster.coordinator_id("txn-coord", TRANSACTION) == 0
+            # coordinator traffic has its own connection to the broker, apart from the data connection
+            assert group is txn and group.node_id == 0
+            assert cluster._connections[COORDINATOR_BASE - 0] is group
+            assert group is not await cluster.connection(0) and cluster.connected_nodes() == [0]
             asked = cluster.stats["find_coordinator_requests"]
             assert await cluster.coordinator("g-coord", GROUP) is group  # cached
             assert cluster.stats["find_coordinator_requests"] == asked
@@ -151,7 +155,8 @@ def test_reconnect_with_backoff_after_sigkill_and_coordinator_rediscovery(broker
             assert cluster.stats["find_coordinator_requests"] > asked  # the coordinator was looked up again
             fresh = await cluster.coordinator("g-restart", GROUP)
             assert fresh is not coordinator and not fresh.closed
-            assert (await cluster.leader_connection(topic_name, 0)) is fresh
+            data = await cluster.leader_connection(topic_name, 0)
+            assert data is not fresh and not data.closed and data.node_id == 0
         finally:
             await cluster.close()
     _run(scenario())
