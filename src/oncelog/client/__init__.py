@@ -21,6 +21,7 @@ from .errors import (
     RetriableError,
     UnsupportedVersion,
 )
+from .producer import AsyncProducer, DeliveryReport, Producer
 
 __all__ = [
     "errors",
@@ -38,4 +39,7 @@ __all__ = [
     "DataLossError",
     "RecordError",
     "KafkaTimeoutError",
+    "Producer",
+    "AsyncProducer",
+    "DeliveryReport",
 ]
