@@ -7,11 +7,15 @@ nothing twice, nothing missing.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
+from oncelog.client.admin import Admin
 from oncelog.spark import register
 from tests.integration.helpers import Rec, create_topic, norm_headers
-from tests.spark.txn_data import records, write_transactions
+from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions
 
 KAFKA_SCHEMA = ("key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
                 "timestampType int")
@@ -68,3 +72,105 @@ def test_batch_read_returns_exactly_the_committed_records(oncelog_spark, module_
     values = {r.value for r in batch(oncelog_spark, bootstrap, topic_name, **{"isolation.level": "read_uncommitted"})
               .select("value").collect()}
     assert values == {r.value for r in committed} | {o.value for o in records("a1", 9, 3) + records("a2", 3, 3)}
+
+
+def test_batch_offsets_json_and_assign(oncelog_spark, module_broker, topic_name):
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=3)
+    committed = write_transactions(bootstrap, topic_name, [("commit", records("j", 12, 3)),
+                                                           ("commit", records("k", 6, 3))])
+    df = batch(oncelog_spark, bootstrap, assign=json.dumps({topic_name: [1]}),
+               startingOffsets=json.dumps({topic_name: {"1": 1}}), endingOffsets=json.dumps({topic_name: {"1": 6}}))
+    assert rows_to_recs(df.collect(), topic_name) == [r for r in committed if r.partition == 1 and 1 <= r.offset < 6]
+
+    # -2 / -1 in the JSON mean earliest / latest, per partition.
+    df = batch(oncelog_spark, bootstrap, topic_name, startingOffsets=json.dumps({topic_name: {"0": -2, "1": 5, "2": -2}}),
+               endingOffsets=json.dumps({topic_name: {"0": 3, "1": -1, "2": -1}}))
+    assert rows_to_recs(df.collect(), topic_name) == [
+        r for r in committed if (r.partition == 0 and r.offset < 3) or (r.partition == 1 and r.offset >= 5)
+        or r.partition == 2]
+
+
+def test_batch_read_stops_at_the_last_stable_offset(oncelog_spark, module_broker, topic_name):
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    before = write_transactions(bootstrap, topic_name, [("commit", records("b", 6, 2))])
+    holder = transactional_producer(bootstrap)
+    try:
+        produce_in_transaction(holder, topic_name, records("open", 4, 2))
+        later = write_transactions(bootstrap, topic_name, [("commit", records("l", 4, 2))])
+        assert rows_to_recs(batch(oncelog_spark, bootstrap, topic_name).collect(), topic_name) == before
+        holder.commit_transaction(30)
+    finally:
+        holder.flush(5)
+    values = [r.value for r in rows_to_recs(batch(oncelog_spark, bootstrap, topic_name).collect(), topic_name)]
+    assert sorted(values) == sorted([r.value for r in before + later] + [o.value for o in records("open", 4, 2)])
+
+
+def test_batch_read_after_delete_records_is_data_loss_unless_allowed(oncelog_spark, module_broker, topic_name):
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=1)
+    committed = write_transactions(bootstrap, topic_name, [("commit", records("d", 10, 1))])
+    with Admin({"bootstrap.servers": bootstrap}) as admin:
+        admin.delete_records({(topic_name, 0): 4})
+    from_zero = json.dumps({topic_name: {"0": 0}})
+    with pytest.raises(Exception, match="failOnDataLoss"):
+        batch(oncelog_spark, bootstrap, topic_name, startingOffsets=from_zero).collect()
+    df = batch(oncelog_spark, bootstrap, topic_name, startingOffsets=from_zero, failOnDataLoss="false")
+    assert rows_to_recs(df.collect(), topic_name) == [r for r in committed if r.offset >= 4]
+    # "earliest" is the log start, not 0: no data loss to report.
+    assert rows_to_recs(batch(oncelog_spark, bootstrap, topic_name).collect(), topic_name) == committed[4:]
+
+
+def test_bad_options_fail_with_the_option_named(oncelog_spark, module_broker, topic_name):
+    bootstrap = module_broker.bootstrap
+    with pytest.raises(Exception, match="no such topic"):
+        batch(oncelog_spark, bootstrap, "no-such-topic-here").collect()
+    with pytest.raises(Exception, match="subscribe"):
+        batch(oncelog_spark, bootstrap).collect()
+    with pytest.raises(Exception, match="startingOffsets"):
+        batch(oncelog_spark, bootstrap, topic_name, startingOffsets="latest").collect()
+
+
+def stream_to_parquet(spark, bootstrap: str, topic: str, out: Path, checkpoint: Path, **options: str):
+    reader = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribe", topic).option("startingOffsets", "earliest"))
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    query = (reader.load().writeStream.format("parquet").option("path", str(out))
+             .option("checkpointLocation", str(checkpoint)).trigger(availableNow=True).start())
+    try:
+        assert query.awaitTermination(180), "the AvailableNow query did not finish in 180 s"
+        assert query.exception() is None, query.exception()
+        return [p for p in query.recentProgress if p.numInputRows > 0]
+    finally:
+        query.stop()
+
+
+def test_stream_available_now_limits_batches_stops_at_the_lso_and_resumes(oncelog_spark, module_broker, topic_name,
+                                                                            tmp_path):
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    first = write_transactions(bootstrap, topic_name, [
+        ("commit", records("s1", 10, 2)), ("abort", records("x1", 6, 2)), ("commit", records("s2", 8, 2))])
+    holder = transactional_producer(bootstrap)
+    try:
+        produce_in_transaction(holder, topic_name, records("open", 4, 2))
+        progress = stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint, maxOffsetsPerTrigger="9")
+        got = rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name)
+        assert got == first  # everything committed below the open transaction, nothing of it
+        assert len(progress) >= 3, f"maxOffsetsPerTrigger=9 over 30 offsets gave {len(progress)} batches"
+        latest = json.loads(progress[-1].sources[0].latestOffset)
+        assert set(latest[topic_name]) == {"0", "1"}  # reportLatestOffset: lag is visible in progress
+        holder.commit_transaction(30)
+    finally:
+        holder.flush(5)
+    second = write_transactions(bootstrap, topic_name, [("abort", records("x2", 4, 2)),
+                                                        ("commit", records("s3", 6, 2))])
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint, maxOffsetsPerTrigger="9")
+    got = rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name)
+    opened = {o.value for o in records("open", 4, 2)}
+    assert [r for r in got if r.value not in opened] == by_offset(first + second)
+    assert sorted(r.value for r in got if r.value in opened) == sorted(opened)
+    assert len({(r.partition, r.offset) for r in got}) == len(got)  # no record twice
