@@ -1,0 +1,134 @@
+"""The oncelog source's planning logic without Spark or a broker: options, offsets, ranges, Arrow rows.
+
+These are pure functions of their inputs (that is what makes replays read the same ranges), so they are
+tested directly, with the edge cases spelled out: every option error names the option, limits are shared
+by backlog and never stall a partition, new partitions start at 0, going backwards is data loss.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+
+from oncelog.client.types import message_class
+from oncelog.spark.offsets import DataLoss, OffsetRange, from_json, limit, plan, resolve, to_json, vanished
+from oncelog.spark.options import OptionError, parse_read_options
+from oncelog.spark.schema import arrow_schema, spark_ddl, to_record_batch
+
+BOOT = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
+
+
+def test_defaults_follow_spark_kafka_source_except_isolation():
+    batch = parse_read_options({**BOOT, "subscribe": "a, b,a"}, streaming=False)
+    assert batch.topics == ("a", "b") and batch.assigned is None
+    assert (batch.starting, batch.ending) == ("earliest", "latest")
+    assert batch.read_committed and batch.fail_on_data_loss and not batch.include_headers
+    stream = parse_read_options({**BOOT, "subscribe": "a"}, streaming=True)
+    assert stream.starting == "latest" and stream.max_offsets_per_trigger is None
+
+
+def test_option_names_are_case_insensitive_and_kafka_prefix_is_optional():
+    o = parse_read_options({"bootstrap.servers": "h:1", "SUBSCRIBE": "t", "IncludeHeaders": "TRUE",
+                            "kafka.isolation.level": "read_uncommitted", "kafka.request.timeout.ms": "5000",
+                            "maxOffsetsPerTrigger": "10"}, streaming=True)
+    assert o.bootstrap_servers == "h:1" and o.include_headers and not o.read_committed
+    assert o.max_offsets_per_trigger == 10
+    assert o.client_config() == {"request.timeout.ms": "5000", "bootstrap.servers": "h:1"}
+
+
+def test_assign_and_offsets_json():
+    o = parse_read_options({**BOOT, "assign": json.dumps({"t": [2, 0, 2]}),
+                            "startingOffsets": json.dumps({"t": {"0": -2, "2": 7}}),
+                            "endingOffsets": json.dumps({"t": {"0": 9, "2": -1}})}, streaming=False)
+    assert o.topics is None and o.assigned == {"t": (0, 2)}
+    assert o.starting == {"t": {0: -2, 2: 7}} and o.ending == {"t": {0: 9, 2: -1}}
+
+
+@pytest.mark.parametrize(("options", "streaming", "names"), [
+    ({"subscribe": "t"}, False, "kafka.bootstrap.servers"),
+    ({**BOOT}, False, "'subscribe' and 'assign'"),
+    ({**BOOT, "subscribe": "t", "assign": '{"t":[0]}'}, False, "got both"),
+    ({**BOOT, "subscribePattern": "t.*"}, False, "subscribePattern"),
+    ({**BOOT, "assign": "t:0"}, False, "'assign' is not JSON"),
+    ({**BOOT, "assign": '{"t":[]}'}, False, "'assign' must map"),
+    ({**BOOT, "subscribe": "t", "startingOffsets": "latest"}, False, "'startingOffsets'"),
+    ({**BOOT, "subscribe": "t", "endingOffsets": '{"t":{"0":-2}}'}, False, "'endingOffsets'"),
+    ({**BOOT, "subscribe": "t", "endingOffsets": "latest"}, True, "batch queries only"),
+    ({**BOOT, "subscribe": "t", "startingOffsets": '{"t":{"x":1}}'}, False, "'startingOffsets' JSON"),
+    ({**BOOT, "subscribe": "t", "startingOffsets": "first"}, False, "'startingOffsets' must be"),
+    ({**BOOT, "subscribe": "t", "maxOffsetsPerTrigger": "0"}, True, "'maxOffsetsPerTrigger'"),
+    ({**BOOT, "subscribe": "t", "maxOffsetsPerTrigger": "5"}, False, "streaming queries only"),
+    ({**BOOT, "subscribe": "t", "failOnDataLoss": "maybe"}, False, "'failOnDataLoss'"),
+    ({**BOOT, "subscribe": "t", "isolation.level": "serializable"}, False, "'isolation.level'"),
+    ({**BOOT, "subscribe": "t", "isolation.level": "read_committed",
+      "kafka.isolation.level": "read_uncommitted"}, False, "disagree"),
+    ({**BOOT, "subscribe": "t", "kafka.group.id": "g"}, False, "'kafka.group.id'"),
+])
+def test_option_errors_name_the_option(options, streaming, names):
+    with pytest.raises(OptionError) as err:
+        parse_read_options(options, streaming=streaming)
+    assert names in str(err.value)
+
+
+def test_offsets_json_round_trip_is_sorted_with_string_partitions():
+    offsets = {("b", 1): 5, ("a", 10): 1, ("a", 2): 0}
+    data = to_json(offsets)
+    assert json.dumps(data) == '{"a": {"2": 0, "10": 1}, "b": {"1": 5}}'
+    assert from_json(json.loads(json.dumps(data))) == offsets
+
+
+def test_resolve_specs():
+    tps = [("t", 0), ("t", 1)]
+    earliest, latest = {("t", 0): 3, ("t", 1): 0}, {("t", 0): 10, ("t", 1): 4}
+    assert resolve("earliest", tps, earliest, latest, "s") == earliest
+    assert resolve("latest", tps, earliest, latest, "s") == latest
+    assert resolve({"t": {0: -1, 1: 2}}, tps, earliest, latest, "s") == {("t", 0): 10, ("t", 1): 2}
+    with pytest.raises(OptionError, match="'startingOffsets'.*missing t-1"):
+        resolve({"t": {0: 5}}, tps, earliest, latest, "startingOffsets")
+    with pytest.raises(OptionError, match="not read by this query u-0"):
+        resolve({"t": {0: 5, 1: 1}, "u": {0: 1}}, tps, earliest, latest, "startingOffsets")
+
+
+def test_limit_shares_the_budget_by_backlog_and_never_stalls():
+    start = {("t", 0): 0, ("t", 1): 100, ("t", 2): 50}
+    latest = {("t", 0): 900, ("t", 1): 200, ("t", 2): 50}
+    assert limit(start, latest, None) == latest
+    assert limit(start, latest, 5000) == latest
+    assert limit(start, latest, 100) == {("t", 0): 90, ("t", 1): 110, ("t", 2): 50}
+    # A tiny budget still moves every partition with a backlog by one offset.
+    assert limit(start, latest, 1) == {("t", 0): 1, ("t", 1): 101, ("t", 2): 50}
+    # A partition not in `start` is new: it starts at 0.
+    assert limit({}, {("n", 0): 10}, 4) == {("n", 0): 4}
+
+
+def test_plan_ranges_new_partitions_and_data_loss():
+    assert plan({("t", 0): 5, ("t", 1): 7}, {("t", 0): 9, ("t", 1): 7, ("u", 0): 3}, fail_on_data_loss=True) == [
+        OffsetRange("t", 0, 5, 9), OffsetRange("u", 0, 0, 3)]
+    with pytest.raises(DataLoss, match="t-0 \\(was at 5, now ends at 2\\).*failOnDataLoss=false"):
+        plan({("t", 0): 5}, {("t", 0): 2}, fail_on_data_loss=True)
+    assert plan({("t", 0): 5}, {("t", 0): 2}, fail_on_data_loss=False) == []
+    assert vanished({("t", 0): 1, ("t", 1): 1}, [("t", 0)]) == [("t", 1)]
+
+
+def test_record_batch_matches_spark_kafka_schema():
+    create = message_class("topic", 3, 1, None)
+    append = message_class("topic", 3, 2, None)
+    messages = [tuple.__new__(create, (7, 1_700_000_000_123, b"k", b"v", [("h", b"x"), ("n", None)])),
+                tuple.__new__(create, (8, 1_700_000_000_124, None, None, [])),
+                tuple.__new__(append, (10, 1_700_000_000_200, b"k2", b"", []))]
+    rb = to_record_batch("topic", 3, messages, include_headers=True)
+    assert rb.schema == arrow_schema(True)
+    assert rb.column("offset").to_pylist() == [7, 8, 10]
+    assert rb.column("topic").to_pylist() == ["topic"] * 3 and rb.column("partition").to_pylist() == [3] * 3
+    assert rb.column("key").to_pylist() == [b"k", None, b"k2"] and rb.column("value").to_pylist() == [b"v", None, b""]
+    assert rb.column("timestampType").to_pylist() == [0, 0, 1]
+    assert rb.column("timestamp").cast(pa.int64()).to_pylist() == [1_700_000_000_123_000, 1_700_000_000_124_000,
+                                                                    1_700_000_000_200_000]
+    assert rb.column("headers").to_pylist() == [[{"key": "h", "value": b"x"}, {"key": "n", "value": None}], None,
+                                                None]
+    plain = to_record_batch("topic", 3, messages[:2], include_headers=False)
+    assert plain.schema == arrow_schema(False) and plain.column("timestampType").to_pylist() == [0, 0]
+    assert to_record_batch("topic", 3, [], include_headers=False).num_rows == 0
+    assert spark_ddl(True).endswith("headers array<struct<key: string, value: binary>>")
