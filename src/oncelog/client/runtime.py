@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import concurrent.futures
+import inspect
 import logging
 import os
 import threading
@@ -31,6 +32,8 @@ __all__ = ["LoopThread", "get_runtime", "cached", "cache_pop", "clear_cache"]
 log = logging.getLogger("oncelog.client.runtime")
 
 T = TypeVar("T")
+
+_CLOSE_TIMEOUT = 30.0  # seconds a cached client may take to flush and close at exit
 
 
 class LoopThread:
@@ -202,9 +205,19 @@ def clear_cache(close: bool = True) -> None:
             closer = getattr(value, "close", None)
             if callable(closer):
                 try:
-                    closer()
+                    result = closer()
+                    if inspect.iscoroutine(result):  # an async core's close(): run it on the loop
+                        _run_close(result)
                 except Exception:
                     log.exception("closing cached %r failed", value)
+
+
+def _run_close(coro: Coroutine[Any, Any, Any]) -> None:
+    runtime = _runtime
+    if runtime is None or not runtime.alive or runtime.in_loop_thread():
+        coro.close()
+        return
+    runtime.run(coro, timeout=_CLOSE_TIMEOUT)
 
 
 class _Pending:

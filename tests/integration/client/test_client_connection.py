@@ -185,3 +185,82 @@ def test_large_fetch_response_is_read_into_one_buffer(module_broker, topic_name)
         finally:
             await conn.close()
     _run(scenario())
+
+
+def test_acks_zero_requests_expect_no_response(module_broker, topic_name):
+    create_topic(module_broker.bootstrap, topic_name)
+
+    async def scenario():
+        conn = await _connect(module_broker)
+        try:
+            pv = conn.api_version(ApiKey.PRODUCE, 11, 3)
+            for i in range(10):
+                body = cc.encode_produce_request(pv, None, 0, 10000, [(topic_name, [(0, build_batch([(None, b"%d" % i)]))])])
+                assert await conn.request(ApiKey.PRODUCE, pv, body, expect_response=False) is None
+            assert conn.in_flight == 0
+            # the next answered request lines up: no response was owed for the acks=0 ones
+            fv = conn.api_version(ApiKey.FETCH, 12, 4)
+            fetch = cc.encode_fetch_request(fv, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+                                            topics=[(topic_name, [(0, 0, 1 << 20)])])
+            deadline = asyncio.get_running_loop().time() + 15
+            while True:  # acks=0 appends are not awaited by anyone: poll until they are visible
+                result = cc.decode_fetch_response(fv, await conn.request(ApiKey.FETCH, fv, fetch))
+                values = [r.value for b in read_batches(result.topics[0][1][0].records) for r in b.records]
+                if len(values) >= 10 or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            assert values == [b"%d" % i for i in range(10)]
+        finally:
+            await conn.close()
+    _run(scenario())
+
+
+def test_read_committed_fetch_reports_aborted_transactions(module_broker, topic_name):
+    """A transaction driven over the long-tail codecs and the hand Produce codec, aborted, then read back:
+    the Fetch decoder returns the aborted transaction's (producer id, first offset) and the LSO."""
+    from oncelog.client.cluster import TRANSACTION, Cluster
+    from oncelog.client.config import ClientConfig
+
+    create_topic(module_broker.bootstrap, topic_name)
+    txn = f"txn-{topic_name}"
+
+    async def scenario():
+        cluster = Cluster(ClientConfig({"bootstrap.servers": module_broker.bootstrap}, "producer"))
+        try:
+            await cluster.bootstrap()
+            init = await cluster.coordinator_call(txn, TRANSACTION, ApiKey.INIT_PRODUCER_ID, {
+                "transactional_id": txn, "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1})
+            assert init.error_code == 0
+            pid, epoch = init.producer_id, init.producer_epoch
+            add = await cluster.coordinator_call(txn, TRANSACTION, ApiKey.ADD_PARTITIONS_TO_TXN, {
+                "v3_and_below_transactional_id": txn, "v3_and_below_producer_id": pid,
+                "v3_and_below_producer_epoch": epoch,
+                "v3_and_below_topics": [{"name": topic_name, "partitions": [0]}]}, version=3,
+                error_of=lambda r: r.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code)
+            assert add.results_by_topic_v3_and_below[0].results_by_partition[0].partition_error_code == 0
+            conn = await cluster.leader_connection(topic_name, 0)
+            pv = conn.api_version(ApiKey.PRODUCE, 11, 3)
+            batch = build_batch([(None, b"a"), (None, b"b")], transactional=True, producer_id=pid,
+                                producer_epoch=epoch, base_sequence=0)
+            body = cc.encode_produce_request(pv, txn, -1, 10000, [(topic_name, [(0, batch)])])
+            [(_, [part])] = cc.decode_produce_response(pv, await conn.request(ApiKey.PRODUCE, pv, body))
+            assert (part.error_code, part.base_offset) == (0, 0)
+            end = await cluster.coordinator_call(txn, TRANSACTION, ApiKey.END_TXN, {
+                "transactional_id": txn, "producer_id": pid, "producer_epoch": epoch, "committed": False})
+            assert end.error_code == 0
+            fv = conn.api_version(ApiKey.FETCH, 12, 4)
+            fetch = cc.encode_fetch_request(fv, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=1,
+                                            topics=[(topic_name, [(0, 0, 1 << 20)])])
+            deadline = asyncio.get_running_loop().time() + 15
+            while True:
+                p = cc.decode_fetch_response(fv, await conn.request(ApiKey.FETCH, fv, fetch)).topics[0][1][0]
+                if p.last_stable_offset == 3 or asyncio.get_running_loop().time() > deadline:
+                    break
+                await asyncio.sleep(0.05)
+            assert (p.error_code, p.high_watermark, p.last_stable_offset) == (0, 3, 3)  # 2 records + marker
+            assert [tuple(a) for a in p.aborted_transactions] == [(pid, 0)]
+            batches = read_batches(p.records)
+            assert [b.marker is not None for b in batches] == [False, True]
+        finally:
+            await cluster.close()
+    _run(scenario())

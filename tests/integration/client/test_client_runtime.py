@@ -165,3 +165,18 @@ def test_works_after_fork_and_worker_reuse(module_broker, topic_name):
     assert parent_rt.run(parent_task(), timeout=30) == [0, 1]
     parent_rt.run(parent_cluster.close(), timeout=10)
     runtime.cache_pop(key)
+
+
+def test_clear_cache_closes_sync_and_async_clients(module_broker):
+    closed = []
+
+    class SyncClient:
+        def close(self):
+            closed.append("sync")
+
+    runtime.cached("test-close-sync", SyncClient)
+    cluster = runtime.cached("test-close-async", _cluster_factory(module_broker.bootstrap))
+    runtime.clear_cache(close=True)
+    assert closed == ["sync"] and cluster.closed and cluster.connected_nodes() == []
+    assert runtime.cached("test-close-sync", lambda: 1) == 1  # the cache is empty again
+    runtime.clear_cache(close=False)
