@@ -452,6 +452,7 @@ class TransactionCoordinator:
 
     # -- background duties ------------------------------------------------------------------------------------
     async def abort_timed_out(self) -> int:
+        await self.retry_unfinished()
         now = now_ms()
         expired = [m for m in self.txns.values()
                    if m.state == TxnState.ONGOING and not m.pending and m.start_ms + m.timeout_ms < now]
@@ -460,6 +461,16 @@ class TransactionCoordinator:
                      meta.transactional_id, meta.producer_id, meta.producer_epoch, meta.timeout_ms)
             await self._fence_and_abort(meta, timed_out=True)
         return len(expired)
+
+    async def retry_unfinished(self) -> int:
+        """Finish transactions whose decision is in the log but whose markers or CompleteX could not be
+        written (a full disk answered KAFKA_STORAGE_ERROR): Kafka's marker channel retries until it succeeds;
+        so does this, on the timeout reaper's schedule, instead of leaving the LSO stuck until a restart."""
+        stuck = [m for m in self.txns.values() if m.state.preparing and not m.pending]
+        for meta in stuck:
+            meta.pending = True
+            await self._complete(meta, meta.state == TxnState.PREPARE_COMMIT)
+        return len(stuck)
 
     async def expire_ids(self) -> int:
         limit = self.config["transactional.id.expiration.ms"]
