@@ -32,6 +32,7 @@ from oncelog.embedded import BrokerProcess
 from tests.faults.checker import ANOMALIES, FinalRead, Report, check
 from tests.faults.history import HistoryWriter, read_events
 from tests.faults.proxy import FaultProxy
+from tests.faults.storage import DiskUnavailable, FsyncTrigger, SmallDisk
 from tests.faults.workers import HANG_EXIT
 from tests.integration.helpers import ck_consume
 
@@ -92,7 +93,8 @@ WORKLOADS: dict[str, tuple[Callable[[str], list[Worker]], list[str]]] = {
     "eos-copy": (_workers_copy, ["copy-in", "copy-out"]),
 }
 NEMESES = ("broker-kill", "broker-pause", "client-kill", "proxy-delay", "proxy-blackhole", "proxy-lose-responses",
-           "proxy-cut")
+           "proxy-cut", "disk-full", "fsync-fail")
+DISK_MB = 256  # the size-limited data directory of runs with the disk-full nemesis
 BROKER_SETTINGS = {
     "transaction.max.timeout.ms": 60_000,
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1_000,
@@ -115,6 +117,8 @@ class Run:
         self.workers: list[Worker] = []
         self.faults = 0
         self.deadline: float | None = None
+        self.disk: SmallDisk | None = None
+        self.trigger = FsyncTrigger(workdir / "fail-fsync")
         self.stuck: list[str] = []  # workers that did not stop by themselves
         self.hung: list[str] = []  # workers restarted after their watchdog saw a client call hang
 
@@ -123,7 +127,9 @@ class Run:
         # The broker must advertise the proxy, so the proxy's port is fixed first and the broker's upstream port
         # found after the broker starts; the proxy learns it before any client connects.
         self.proxy = FaultProxy(upstream_port=0).start()
-        settings = dict(BROKER_SETTINGS, **{"advertised.listeners": self.proxy.address})
+        settings = dict(BROKER_SETTINGS, **{"advertised.listeners": self.proxy.address}, **self.trigger.setting)
+        if "disk-full" in self.nemeses:
+            self.disk = SmallDisk(self.dir / "data", DISK_MB).mount()
         self.broker = BrokerProcess(self.dir / "data", settings).start()
         self.proxy.upstream_port = self.broker.port
         admin = AdminClient({"bootstrap.servers": self.broker.bootstrap})
@@ -179,12 +185,33 @@ class Run:
             time.sleep(min(duration, 1.0))
             self.broker.start()
             self.proxy.upstream_port = self.broker.port
-        elif fault == "broker-pause":
+        elif fault == "broker-pause":  # SIGSTOP/SIGCONT: the broker freezes mid-request, clients time out
             os.kill(self.broker.proc.pid, signal.SIGSTOP)
             try:
                 time.sleep(duration)
             finally:
                 os.kill(self.broker.proc.pid, signal.SIGCONT)
+        elif fault == "disk-full":  # ENOSPC on every write until the ballast goes; no restart
+            assert self.disk is not None
+            self.disk.fill()
+            try:
+                time.sleep(duration)
+            finally:
+                self.disk.free()
+        elif fault == "fsync-fail":
+            # Every fsync fails with EIO: the written logs go offline (56) until a restart recovers them.
+            self.trigger.arm()
+            try:
+                time.sleep(duration)
+            finally:
+                self.trigger.disarm()
+            if self.rng.random() < 0.5:
+                self.broker.stop()
+                self.broker.start()
+            else:
+                self.broker.kill()
+                self.broker.start()
+            self.proxy.upstream_port = self.broker.port
         elif fault == "client-kill":
             victims = [w for w in self.workers if w.kind in ("producer", "txn-producer", "copier")
                        and w.proc is not None and w.proc.poll() is None]
@@ -275,6 +302,9 @@ class Run:
             self.broker.stop()
         if self.proxy is not None:
             self.proxy.stop()
+        if self.disk is not None:
+            self.disk.free()
+            self.disk.unmount()
 
 
 def _topic_of(event: dict[str, Any], workers: list[Worker]) -> str | None:
@@ -333,6 +363,21 @@ def print_table(summary: dict[str, Any]) -> None:
     print(f"{'TOTAL':<14}{t['runs']:>6}{t['faults']:>8}{t['operations']:>8}{t['client_restarts']:>10}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
 
 
+def usable_nemeses(nemeses: list[str]) -> list[str]:
+    """The nemeses this machine can run: disk-full needs a size-limited tmpfs (root and mount)."""
+    unknown = sorted(set(nemeses) - set(NEMESES))
+    if unknown:
+        raise SystemExit(f"unknown nemeses {unknown}; known: {', '.join(NEMESES)}")
+    if "disk-full" in nemeses:
+        with tempfile.TemporaryDirectory(prefix="oncelog-disk-") as tmp:
+            try:
+                SmallDisk(Path(tmp) / "probe", 1).mount().unmount()
+            except DiskUnavailable as exc:
+                print(f"skipping the disk-full nemesis: {exc}", flush=True)
+                nemeses = [n for n in nemeses if n != "disk-full"]
+    return nemeses
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
@@ -345,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", help="copy each run's histories and logs into this directory")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
-    nemeses = args.nemeses.split(",")
+    nemeses = usable_nemeses(args.nemeses.split(","))
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
