@@ -23,8 +23,17 @@ KAFKA_SCHEMA = ("key binary, value binary, topic string, partition int, offset b
 
 @pytest.fixture(scope="module")
 def oncelog_spark(spark):
-    register(spark)
     return spark
+
+
+def test_format_is_discovered_without_register_and_register_is_harmless(oncelog_spark, module_broker, topic_name):
+    """`pyspark_oncelog.DefaultSource` makes format("oncelog") known to a new session; register() also works."""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=1)
+    committed = write_transactions(bootstrap, topic_name, [("commit", records("r", 3, 1))])
+    assert rows_to_recs(batch(oncelog_spark, bootstrap, topic_name).collect(), topic_name) == committed
+    register(oncelog_spark)
+    assert rows_to_recs(batch(oncelog_spark, bootstrap, topic_name).collect(), topic_name) == committed
 
 
 def by_offset(recs):
