@@ -87,7 +87,8 @@ class Cluster:
         self.cluster_id: str | None = None
         self.controller_id: int = -1
         #: counters of what this cluster object did, for tests and metrics
-        self.stats = {"metadata_requests": 0, "find_coordinator_requests": 0, "connects": 0, "connect_failures": 0}
+        self.stats = {"metadata_requests": 0, "find_coordinator_requests": 0, "connects": 0, "connect_failures": 0,
+                      "coordinator_moved": 0}
         self._bootstrap = [BrokerInfo(-1 - i, host, port) for i, (host, port) in enumerate(config.bootstrap_servers)]
         self._connections: dict[int, BrokerConnection] = {}
         self._connecting: dict[int, asyncio.Task] = {}
@@ -538,6 +539,7 @@ class Cluster:
                 if code not in _COORDINATOR_RETRY:
                     return response
                 if code in _COORDINATOR_MOVED:
+                    self.stats["coordinator_moved"] += 1
                     self.invalidate_coordinator(key, key_type)
                 error: KafkaError = error_for(code) or RetriableError("coordinator busy")
             except NetworkError as exc:

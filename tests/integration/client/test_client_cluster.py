@@ -192,3 +192,55 @@ def test_unreachable_bootstrap_fails_with_a_network_error():
         with pytest.raises(KafkaError, match="closed"):
             await cluster.bootstrap()
     _run(scenario())
+
+
+def test_not_coordinator_makes_coordinator_call_rediscover(broker_factory, topic_name, tmp_path):
+    """A real NOT_COORDINATOR: failed fsyncs take the offsets partition offline, the group coordinator answers
+    OffsetCommit with NOT_COORDINATOR (Kafka's mapping of a storage error), and the call keeps rediscovering the
+    coordinator until the broker, restarted without the fault, takes the commit."""
+    from tests.faults.storage import FsyncTrigger
+
+    trigger = FsyncTrigger(tmp_path / "fail-fsync")
+    broker = broker_factory({**trigger.setting, "offsets.topic.num.partitions": 1})
+    create_topic(broker.bootstrap, topic_name)
+    group = f"g-{topic_name}"
+
+    def commit(offset: int) -> dict:
+        return {"group_id": group, "generation_id_or_member_epoch": -1, "member_id": "",
+                "topics": [{"name": topic_name, "partitions": [{"partition_index": 0, "committed_offset": offset,
+                                                                 "committed_metadata": ""}]}]}
+
+    def partition_error(response) -> int:
+        return response.topics[0].partitions[0].error_code
+
+    async def scenario():
+        cluster = _cluster(broker, "consumer", **{"group.id": group, "retry.backoff.max.ms": 300})
+        loop = asyncio.get_running_loop()
+        try:
+            await cluster.bootstrap()
+            first = await cluster.coordinator_call(group, GROUP, ApiKey.OFFSET_COMMIT, commit(5),
+                                                   error_of=partition_error)
+            assert partition_error(first) == 0
+            trigger.arm()
+            await asyncio.sleep(1.0)  # an fsync round fails: the offsets partition goes offline
+            asked = cluster.stats["find_coordinator_requests"]
+            call = asyncio.ensure_future(cluster.coordinator_call(
+                group, GROUP, ApiKey.OFFSET_COMMIT, commit(9), error_of=partition_error, timeout=60))
+            deadline = loop.time() + 20
+            while cluster.stats["coordinator_moved"] < 2 and loop.time() < deadline:
+                await asyncio.sleep(0.05)
+            assert cluster.stats["coordinator_moved"] >= 2 and not call.done()
+            assert cluster.stats["find_coordinator_requests"] >= asked + 1  # forgotten and looked up again
+            await loop.run_in_executor(None, broker.stop)
+            trigger.disarm()
+            await loop.run_in_executor(None, broker.start)
+            response = await call
+            assert partition_error(response) == 0
+            fetched = await cluster.coordinator_call(
+                group, GROUP, ApiKey.OFFSET_FETCH,
+                {"group_id": group, "topics": [{"name": topic_name, "partition_indexes": [0]}]}, version=7)
+            assert fetched.topics[0].partitions[0].committed_offset == 9
+        finally:
+            trigger.disarm()
+            await cluster.close()
+    _run(scenario())
