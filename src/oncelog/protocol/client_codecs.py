@@ -64,12 +64,21 @@ FETCH_VERSIONS = (fetch_codec.MIN_VERSION, fetch_codec.MAX_VERSION)
 # -- headers and the long tail --------------------------------------------------------------------
 
 
+_FLEXIBLE: dict[tuple[int, int], bool] = {}
+
+
 def request_flexible(api_key: int, version: int) -> bool:
-    """Whether this request uses header v2 and compact encodings (from the schema, so any API works)."""
-    cls = REQUESTS.get(api_key)
-    if cls is None:
-        raise UnsupportedVersionError(f"no codec for API key {api_key}")
-    return bool(cls.flexible_version_q(version))
+    """Whether this request uses header v2 and compact encodings (from the schema, so any API works).
+
+    Memoised: it is asked twice per request (header out, header in).
+    """
+    flexible = _FLEXIBLE.get((api_key, version))
+    if flexible is None:
+        cls = REQUESTS.get(api_key)
+        if cls is None:
+            raise UnsupportedVersionError(f"no codec for API key {api_key}")
+        flexible = _FLEXIBLE[(api_key, version)] = bool(cls.flexible_version_q(version))
+    return flexible
 
 
 def response_flexible(api_key: int, version: int) -> bool:
