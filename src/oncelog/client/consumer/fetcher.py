@@ -17,6 +17,7 @@ older version stale: they are dropped where they are met instead of being search
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from collections import defaultdict, deque
@@ -25,11 +26,13 @@ from typing import Any
 
 from oncelog.client.consumer.decode import CorruptRecords, decode_fetch
 from oncelog.client.consumer.offsets import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, OffsetClient
-from oncelog.client.errors import KafkaError, NetworkError, RetriableError, error_for
+from oncelog.client.errors import KafkaError, KafkaTimeoutError, RetriableError, error_for
 from oncelog.client.types import Message, error_message
 from oncelog.errors import ErrorCode
 from oncelog.protocol.apis import ApiKey
 from oncelog.protocol.client_codecs import FETCH_VERSIONS, decode_fetch_response, encode_fetch_request
+
+log = logging.getLogger(__name__)
 
 TP = tuple[str, int]
 MAX_BUFFERED_CHUNKS = 2
@@ -193,6 +196,7 @@ class Fetcher:
         self._task: asyncio.Task | None = None
         self._closed = False
         self._metadata_stale = True
+        self._metadata_force = False
 
     # -- control (loop thread) ------------------------------------------------------------------------
 
@@ -249,15 +253,19 @@ class Fetcher:
             try:
                 await self._resolve_positions()
                 if self._metadata_stale:
+                    # After an error the cached answer is what failed: ask the broker again.
+                    force, self._metadata_force = self._metadata_force, False
                     self._metadata_stale = False
                     topics = {s.topic for s in self.states.values()}
                     if topics:
-                        await self._cluster.refresh_metadata(topics)
+                        await self._cluster.refresh_metadata(topics, force=force)
                 self._send_fetches()
             except asyncio.CancelledError:
                 raise
-            except RetriableError:
-                self._metadata_stale = True
+            except (RetriableError, KafkaTimeoutError) as exc:
+                # The broker or coordinator is away for now: keep trying, as the Java consumer does.
+                log.info("fetcher: %s; retrying", exc)
+                self._stale_metadata()
                 await asyncio.sleep(self._backoff)
                 continue
             except KafkaError as exc:
@@ -326,13 +334,13 @@ class Fetcher:
                 self._handle_partition(state, offset, fp)
         except asyncio.CancelledError:
             raise
-        except (RetriableError, NetworkError) as exc:
-            self._metadata_stale = True
+        except RetriableError as exc:  # NetworkError and RequestTimedOut included
+            log.info("fetch from node %d failed: %s; retrying", node, exc)
+            self._stale_metadata()
             for state, version_sent, _ in sent:
                 if state.version == version_sent:
                     state.in_flight = False
                     state.retry_at = time.monotonic() + self._backoff
-            del exc
         except KafkaError as exc:
             for state, version_sent, _ in sent:
                 if state.version == version_sent:
@@ -381,10 +389,14 @@ class Fetcher:
             return
         err = error_for(code) or KafkaError("Fetch failed", code)
         if err.retriable:
-            self._metadata_stale = True
+            self._stale_metadata()
             state.retry_at = time.monotonic() + self._backoff
             return
         self._fail(state, err)
+
+    def _stale_metadata(self) -> None:
+        self._metadata_stale = True
+        self._metadata_force = True
 
     def _fail(self, state: PartitionState, error: KafkaError) -> None:
         """Stop fetching the partition and tell the application; a seek starts it again."""

@@ -31,7 +31,7 @@ from oncelog.client.consumer.protocol import (
     encode_assignment,
     encode_subscription,
 )
-from oncelog.client.errors import FatalError, KafkaError, RetriableError, error_for
+from oncelog.client.errors import FatalError, KafkaError, KafkaTimeoutError, RetriableError, error_for
 from oncelog.client.types import ConsumerGroupMetadata
 from oncelog.errors import ErrorCode
 from oncelog.protocol.apis import ApiKey
@@ -145,8 +145,13 @@ class GroupMember:
                 log.error("group %s: %s", self.group_id, exc)
                 self._post_error(exc)
                 return
-            except (RetriableError, KafkaError) as exc:
+            except (RetriableError, KafkaTimeoutError) as exc:
+                # Coordinator moving or unreachable: retry what failed (a heartbeat keeps the generation;
+                # if the session expired meanwhile, the next heartbeat says UNKNOWN_MEMBER_ID).
                 log.info("group %s: %s; retrying", self.group_id, exc)
+                await asyncio.sleep(self._backoff)
+            except KafkaError as exc:
+                log.warning("group %s: %s; rejoining", self.group_id, exc)
                 self._rejoin.set()
                 await asyncio.sleep(self._backoff)
 
@@ -154,8 +159,12 @@ class GroupMember:
         if self.assigned:  # eager protocol: everything is given up before joining
             revoked, self.assigned = self.assigned, []
             await self._hand_over("revoke", revoked)
-        self._rejoin.clear()
-        assignment = await self._join_and_sync()
+        self._rejoin.clear()  # before the join: a request to rejoin that arrives during it must not be lost
+        try:
+            assignment = await self._join_and_sync()
+        except BaseException:
+            self._rejoin.set()
+            raise
         if assignment is None:
             self._rejoin.set()
             await asyncio.sleep(self._backoff)
