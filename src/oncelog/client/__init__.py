@@ -8,6 +8,7 @@ from __future__ import annotations
 from . import errors
 from .admin import Admin, AsyncAdmin
 from .config import ClientConfig
+from .consumer import AsyncConsumer, CommitFailed, Consumer, OffsetResetError, PartitionEOF
 from .errors import (
     AbortableError,
     DataLossError,
@@ -22,6 +23,15 @@ from .errors import (
     UnsupportedVersion,
 )
 from .producer import AsyncProducer, DeliveryReport, Producer
+from .types import (
+    OFFSET_BEGINNING,
+    OFFSET_END,
+    OFFSET_INVALID,
+    OFFSET_STORED,
+    ConsumerGroupMetadata,
+    Message,
+    TopicPartition,
+)
 
 __all__ = [
     "errors",
@@ -42,4 +52,16 @@ __all__ = [
     "Producer",
     "AsyncProducer",
     "DeliveryReport",
+    "Consumer",
+    "AsyncConsumer",
+    "PartitionEOF",
+    "OffsetResetError",
+    "CommitFailed",
+    "TopicPartition",
+    "Message",
+    "ConsumerGroupMetadata",
+    "OFFSET_BEGINNING",
+    "OFFSET_END",
+    "OFFSET_STORED",
+    "OFFSET_INVALID",
 ]
