@@ -24,7 +24,7 @@ from oncelog.records.batch import (
     read_header,
 )
 from oncelog.records.builder import BatchBuilder
-from oncelog.records.compression import Buffer, inflate_batch
+from oncelog.records.compression import Buffer, CompressionError, inflate_batch
 
 CONTROL_KEY_VERSION = 0
 END_TXN_MARKER_VERSION = 0
@@ -117,7 +117,10 @@ def parse_marker(batch: Buffer) -> EndTxnMarker:
         raise ControlRecordError("a transaction marker must be in a transactional batch")
     body = view[: header.size]
     if header.compression:
-        body = memoryview(inflate_batch(body))
+        try:
+            body = memoryview(inflate_batch(body))
+        except CompressionError as exc:  # an unknown codec id or corrupt data: not a marker either way
+            raise ControlRecordError(f"marker batch does not decompress: {exc}") from exc
     try:
         records = list(DefaultRecordBatch(body))
     except (CorruptRecordException, ValueError, IndexError) as exc:
