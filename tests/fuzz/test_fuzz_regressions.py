@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from oncelog.coordinator.txn import log_format
+from oncelog.protocol.primitives import ProtocolError
 from oncelog.records.batch import OFF_ATTRIBUTES, read_header, rewrite_crc
 from oncelog.records.control import ControlRecordError, build_marker, parse_marker
+from tests.fuzz import corpus
 
 
 def test_marker_with_an_unknown_codec_is_not_a_marker():
@@ -17,3 +20,10 @@ def test_marker_with_an_unknown_codec_is_not_a_marker():
     with pytest.raises(ControlRecordError):
         parse_marker(batch)
 
+
+def test_transaction_log_value_with_an_unknown_state():
+    """decode_value let ValueError ("96 is not a valid TxnState") out instead of ProtocolError."""
+    value = bytearray(corpus.txn_log_records()[1][0])
+    value[16] = 96  # int16 version, int64 producer id, int16 epoch, int32 timeout, then int8 state
+    with pytest.raises(ProtocolError, match="unknown transaction state 96"):
+        log_format.decode_value("tx", bytes(value))

@@ -75,7 +75,11 @@ def decode_value(transactional_id: str, data: bytes) -> TransactionMetadata:
     producer_id = r.int64()
     epoch = r.int16()
     timeout = r.int32()
-    state = TxnState(r.int8())
+    state_id = r.int8()
+    try:
+        state = TxnState(state_id)
+    except ValueError:
+        raise ProtocolError(f"unknown transaction state {state_id}") from None
     partitions: set[tuple[str, int]] = set()
     count = r.compact_nullable_array_len() if version >= 1 else r.nullable_array_len()
     for _ in range(count or 0):
