@@ -174,7 +174,6 @@ class Idempotence:
     def __init__(self, initial_sequence: int = 0) -> None:
         self.identity: Identity | None = None
         self.partitions: dict[tuple[str, int], Partition] = {}
-        self._first_identity: Identity | None = None
         self._initial_sequence = initial_sequence
         self.bump_requested = False
         self.bumps = 0
@@ -187,23 +186,22 @@ class Idempotence:
 
     def set_identity(self, identity: Identity) -> None:
         """A producer id and epoch from InitProducerId (or a local bump); partitions adopt it when quiet."""
-        if self._first_identity is None:
-            self._first_identity = identity
         self.identity = identity
         self.bump_requested = False
 
-    def first_sequence(self, identity: Identity) -> int:
-        """The test hook `oncelog.test.initial.sequence` applies to the producer's first identity only."""
-        return self._initial_sequence if identity == self._first_identity else 0
+    def first_sequence(self, part: Partition) -> int:
+        """The test hook `oncelog.test.initial.sequence` starts a partition's very first sequences (only those:
+        after an epoch bump every partition starts at 0 as the broker requires)."""
+        return self._initial_sequence if part.identity is None else 0
 
     def ready_for_new(self, part: Partition) -> bool:
         """Whether the partition may take a new sequenced batch now (possibly after adopting the identity)."""
-        if self.identity is None or part.blocked is not None or part.retry_pending():
-            return False
+        if self.identity is None or self.bump_requested or part.blocked is not None or part.retry_pending():
+            return False  # (a requested bump retires the current epoch: nothing new is stamped with it)
         if part.identity != self.identity:
             if part.unresolved:
                 return False
-            part.adopt(self.identity, self.first_sequence(self.identity))
+            part.adopt(self.identity, self.first_sequence(part))
         return True
 
     def needs_local_bump(self) -> bool:

@@ -42,7 +42,7 @@ def test_sequences_are_assigned_once_and_written_into_the_header():
     assert list(part.unresolved) == [a, b]
 
 
-def test_the_test_hook_starts_the_first_identity_only():
+def test_the_test_hook_starts_each_partitions_first_sequences_only():
     idem = Idempotence(initial_sequence=MAX_SEQUENCE - 4)
     idem.set_identity(Identity(1, 0))
     part = idem.partition(("t", 0))
@@ -57,6 +57,8 @@ def test_the_test_hook_starts_the_first_identity_only():
     assert idem.ready_for_new(part)
     (b,) = sent(part, 1)
     assert (b.producer_epoch, b.base_sequence) == (1, 0)
+    other = idem.partition(("t", 1))  # a partition that starts under the new epoch still gets the hook's start
+    assert idem.ready_for_new(other) and other.next_seq == MAX_SEQUENCE - 4
 
 
 def test_epoch_exhaustion_needs_a_new_producer_id():
