@@ -160,7 +160,7 @@ class Cluster:
                 continue
             try:
                 await self.refresh_metadata(force=True)
-            except KafkaError as exc:
+            except Exception as exc:  # a background task: log and try again later, never die
                 log.info("periodic metadata refresh failed: %s", exc)
                 self._metadata_at = time.monotonic() - interval + self._retry_delay(3)
 

@@ -286,7 +286,13 @@ class BrokerConnection:
         body = codecs.encode_request(api_key, version, data)
         frame = await self.request(api_key, version, body, timeout=timeout)
         assert frame is not None
-        return codecs.decode_response(api_key, version, frame)
+        try:
+            return codecs.decode_response(api_key, version, frame)
+        except ProtocolError as exc:
+            # We and the broker disagree on the layout: nothing else it sends on this stream is trustworthy.
+            error = NetworkError(f"undecodable response from {self.address} to API {api_key} v{version}: {exc}")
+            self._fail(error)
+            raise error from None
 
     # -- responses --------------------------------------------------------------------------------
 

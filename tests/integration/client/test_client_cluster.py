@@ -244,3 +244,32 @@ def test_not_coordinator_makes_coordinator_call_rediscover(broker_factory, topic
             trigger.disarm()
             await cluster.close()
     _run(scenario())
+
+
+def test_periodic_refresh_sees_new_partitions(module_broker, topic_name):
+    from confluent_kafka.admin import NewPartitions
+    from tests.integration.helpers import admin
+
+    create_topic(module_broker.bootstrap, topic_name, partitions=1)
+
+    async def scenario():
+        cluster = _cluster(module_broker, "consumer", **{"metadata.max.age.ms": 300})
+        loop = asyncio.get_running_loop()
+        try:
+            await cluster.bootstrap()
+            await cluster.refresh_metadata([topic_name])
+            assert cluster.partitions_for(topic_name) == [0]
+
+            def grow():
+                client = admin(module_broker.bootstrap)  # must outlive its futures
+                for future in client.create_partitions([NewPartitions(topic_name, 3)]).values():
+                    future.result(30)
+
+            await loop.run_in_executor(None, grow)
+            deadline = loop.time() + 10
+            while cluster.partitions_for(topic_name) != [0, 1, 2] and loop.time() < deadline:
+                await asyncio.sleep(0.05)  # nobody asks: the periodic refresh finds them
+            assert cluster.partitions_for(topic_name) == [0, 1, 2]
+        finally:
+            await cluster.close()
+    _run(scenario())
