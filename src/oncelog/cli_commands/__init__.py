@@ -11,10 +11,10 @@ import argparse
 import sys
 from typing import Any
 
-from . import groups, producers, records, topics, transactions
+from . import consume, groups, produce, producers, records, topics, transactions
 from .common import CommandError, connection_options
 
-FAMILIES = [topics, records, producers, transactions, groups]
+FAMILIES = [topics, produce, consume, records, producers, transactions, groups]
 
 
 def register(sub: Any) -> None:

@@ -80,9 +80,9 @@ def cli_json(bootstrap: str, *args: str, input: str | None = None) -> Any:
     return json.loads(proc.stdout)
 
 
-def cli_error(bootstrap: str | None, *args: str) -> str:
+def cli_error(bootstrap: str | None, *args: str, input: str | None = None) -> str:
     """Run a command that must fail: exit status 1, one line on stderr, no traceback; returns the line."""
-    proc = run_cli(bootstrap, *args)
+    proc = run_cli(bootstrap, *args, input=input)
     assert proc.returncode == 1, f"exit {proc.returncode}: {proc.stdout} {proc.stderr}"
     assert "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
