@@ -5,10 +5,12 @@ confluent-kafka's admin client (librdkafka, an independent implementation) check
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from tests.integration.helpers import admin as ck_admin
 
-from oncelog.client.admin import Admin
+from oncelog.client.admin import Admin, AsyncAdmin
 from oncelog.client.errors import KafkaError, RetriableError
 
 
@@ -146,3 +148,17 @@ def test_internal_topics_are_listed_only_on_request(admin, module_broker, topic_
     internal = {t.name: t for t in admin.list_topics(include_internal=True)}
     assert "__transaction_state" not in names and internal["__transaction_state"].internal
     assert code_of(admin.delete_topic, "__transaction_state") == 17
+
+
+
+def test_async_admin_on_the_callers_loop(module_broker, topic_name):
+    async def main() -> tuple[int, int, bool, int]:
+        async with AsyncAdmin({"bootstrap.servers": module_broker.bootstrap}, api_timeout=20) as admin:
+            created = await admin.create_topic(topic_name, 2)
+            described, listed = await asyncio.gather(admin.describe_topic(topic_name), admin.list_topics())
+            with pytest.raises(KafkaError) as info:
+                await admin.create_topic(topic_name, 2)
+            return (created.num_partitions, len(described.partitions), topic_name in {t.name for t in listed},
+                    info.value.code)
+
+    assert asyncio.run(main()) == (2, 2, True, 36)
