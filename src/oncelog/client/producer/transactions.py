@@ -285,7 +285,7 @@ class TransactionManager:
                     delay = self.backoff
                     continue
                 # OPERATION_NOT_ATTEMPTED marks the partitions skipped because of another one's error
-                code = next((c for c in errors if c != ErrorCode.OPERATION_NOT_ATTEMPTED), errors.pop())
+                code = min(errors, key=lambda c: c == ErrorCode.OPERATION_NOT_ATTEMPTED)
                 if code in _COORDINATOR_MOVED:
                     self.cluster.invalidate_coordinator(self.transactional_id, COORDINATOR_TRANSACTION)
                 error = error_for(code, coordinator=True, transactional=True) or KafkaError(None, code)
