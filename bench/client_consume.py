@@ -68,7 +68,9 @@ def read_confluent(bootstrap: str, partitions: int, expected: int, mode: str) ->
 
 
 def read_ours(bootstrap: str, partitions: int, expected: int, mode: str) -> dict:
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-ours", "enable.auto.commit": False, **FETCH})
+    # max.poll.records (Java's cap per call, 500 by default) raised to the batch confluent-kafka gets
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "bench-ours", "enable.auto.commit": False,
+                  "max.poll.records": BATCH, **FETCH})
     c.assign([TopicPartition(TOPIC, p, 0) for p in range(partitions)])
     try:
         return _timed(expected, mode, c.consume, c.poll)

@@ -323,6 +323,7 @@ class _Application:
         self._core = _Core(self._conf, self._feed)
         self._auto_commit = bool(self._conf["enable.auto.commit"]) and self._conf["group.id"] is not None
         self._auto_commit_interval = self._conf["auto.commit.interval.ms"] / 1000
+        self._max_poll_records = self._conf["max.poll.records"]
         self._next_auto_commit = time.monotonic() + self._auto_commit_interval
         self._last_committed: dict[TP, int] = {}
         self._on_assign: Callable[..., Any] | None = None
@@ -423,8 +424,12 @@ class Consumer(_Application):
                                    self._feed.ready)
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
-        """Up to `num_messages` messages (and events), waiting at most `timeout` seconds for them to arrive."""
+        """Up to `num_messages` (at most max.poll.records) messages, waiting at most `timeout` seconds for them.
+
+        An event (an error, end of partition) ends the list early, so it is seen in order.
+        """
         self._check_open()
+        num_messages = min(num_messages, self._max_poll_records)
         timeout = _timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         out: list[Message] = []
@@ -594,6 +599,7 @@ class AsyncConsumer(_Application):
 
     async def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         self._check_open()
+        num_messages = min(num_messages, self._max_poll_records)
         await self._core.start()
         timeout = _timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
