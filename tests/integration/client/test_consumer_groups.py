@@ -177,3 +177,45 @@ def test_ours_leaves_and_librdkafka_takes_over(module_broker, topic, topic_name)
     everything = seen["ours"] + seen["librdkafka"]
     assert len(everything) == len(set(everything)), "a record was consumed twice"
     assert set(everything) == {(p, off) for p in range(PARTITIONS) for off in range(60)}
+
+
+def test_static_member_restart_keeps_its_partitions_without_a_rebalance(module_broker, topic, topic_name):
+    """KIP-345: a static member closes without LeaveGroup; its replacement (same group.instance.id) gets the
+    same partitions back and the other member is never asked to give its partitions up."""
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 80)
+    revoked: list[list[int]] = []
+
+    def on_revoke(consumer: Consumer, parts: list[TopicPartition]) -> None:
+        revoked.append(sorted(tp.partition for tp in parts))
+
+    a = ours(module_broker.bootstrap, group, **{"group.instance.id": "instance-a"})
+    b = ours(module_broker.bootstrap, group, **{"group.instance.id": "instance-b"})
+    seen: dict[str, Seen] = {"a": [], "b": []}
+    a2 = None
+    try:
+        a.subscribe([topic])
+        b.subscribe([topic], on_revoke=on_revoke)
+        members: dict[str, Any] = {"a": a, "b": b}
+        got = wait_assigned(members, split_evenly, seen)
+        drain(members, seen, lambda: len(seen["a"]) + len(seen["b"]) >= 80)
+        a.close()  # commits, but does not leave: it is static
+        revoked.clear()
+        generation = b.consumer_group_metadata().generation_id
+        a2 = ours(module_broker.bootstrap, group, **{"group.instance.id": "instance-a"})
+        a2.subscribe([topic])
+        members = {"a": a2, "b": b}
+        wait_assigned(members, lambda g: g["a"] == got["a"], seen, timeout=20)
+        produce(module_broker.bootstrap, topic, 80, 40)
+        drain(members, seen, lambda: len(seen["a"]) + len(seen["b"]) >= 120)
+        assert revoked == [], "the other member had to give its partitions up"
+        assert b.consumer_group_metadata().generation_id == generation
+        assert {tp.partition for tp in b.assignment()} == got["b"]
+    finally:
+        a.close()
+        b.close()
+        if a2 is not None:
+            a2.close()
+    everything = seen["a"] + seen["b"]
+    assert len(everything) == len(set(everything)), "a record was consumed twice"
+    assert set(everything) == {(p, off) for p in range(PARTITIONS) for off in range(30)}
