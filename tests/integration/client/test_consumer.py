@@ -304,3 +304,34 @@ def test_async_consumer_round_trip(module_broker, topic):
 
     got = asyncio.run(main())
     assert [r._replace(timestamp=None) for r in got] == [r._replace(timestamp=None) for r in want]
+
+
+def test_prefetch_keeps_one_more_fetch_ready_and_no_more(module_broker, topic):
+    """While the application works through one fetched chunk, the next is fetched; then fetching pauses."""
+    # batches of 10 records (10 KB): a 20 KB fetch holds about two of them
+    ck_produce(module_broker.bootstrap, topic, [Out(0, None, b"x" * 1000) for _ in range(400)],
+               **{"batch.num.messages": 10})
+    c = consumer(module_broker.bootstrap, **{"max.partition.fetch.bytes": 20_000, "enable.partition.eof": False})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        assert c.poll(10).offset() == 0
+        state = c._feed.fetcher.states[(topic, 0)]
+
+        def buffered() -> int:
+            return state.chunks_put - state.chunks_done
+
+        deadline = time.monotonic() + 10
+        while buffered() < 2:
+            assert time.monotonic() < deadline, "the next chunk was not prefetched"
+            time.sleep(0.02)
+        time.sleep(0.5)
+        assert buffered() == 2 and state.chunks_put == 2  # bounded: nothing more while the application is idle
+        first_chunk = len(c._feed.cur.messages)
+        for expected in range(1, first_chunk + 1):  # finish chunk 1, take the first message of chunk 2
+            assert c.poll(10).offset() == expected
+        deadline = time.monotonic() + 10
+        while state.chunks_put < 3:
+            assert time.monotonic() < deadline, "finishing a chunk did not start the next fetch"
+            time.sleep(0.02)
+    finally:
+        c.close()
