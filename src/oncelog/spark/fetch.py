@@ -14,6 +14,7 @@ import bisect
 import gc
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from operator import itemgetter
 
@@ -27,6 +28,7 @@ from oncelog.client.runtime import cached, get_runtime
 from oncelog.errors import ErrorCode
 from oncelog.protocol import client_codecs, fetch_codec
 from oncelog.protocol.apis import ApiKey
+from oncelog.protocol.client_codecs import FetchedPartition
 from oncelog.spark import topics
 from oncelog.spark.offsets import DataLoss, OffsetRange
 from oncelog.spark.options import ReadOptions
@@ -54,7 +56,7 @@ def cluster_for(options: ReadOptions) -> tuple[Cluster, ClientConfig]:
 
 
 async def _fetch(cluster: Cluster, topic: str, partition: int, offset: int, max_bytes: int, isolation: int,
-                 max_wait_ms: int, timeout: float) -> client_codecs.FetchedPartition:
+                 max_wait_ms: int, timeout: float) -> FetchedPartition:
     conn = await cluster.leader_connection(topic, partition)
     version = conn.api_version(ApiKey.FETCH, fetch_codec.MAX_VERSION, fetch_codec.MIN_VERSION)
     body = client_codecs.encode_fetch_request(version, max_wait_ms=max_wait_ms, min_bytes=1, max_bytes=max_bytes,
@@ -73,7 +75,11 @@ async def _fetch(cluster: Cluster, topic: str, partition: int, offset: int, max_
 
 
 def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatch]:
-    """The records of `rng` as Arrow batches (one per Fetch response that had any), in offset order."""
+    """The records of `rng` as Arrow batches (one per Fetch response that had any), in offset order.
+
+    The next Fetch is sent as soon as a response is decoded, before its Arrow batch is built and handed to
+    Spark, so the broker reads the next chunk while this worker converts and ships the current one.
+    """
     cluster, config = cluster_for(options)
     runtime = get_runtime()
     topic, partition = rng.topic, rng.partition
@@ -85,11 +91,15 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
     # and Spark's own task retry takes over.
     deadline_s = max(60.0, 2 * request_timeout)
     deadline = time.monotonic() + deadline_s
+
+    def send(offset: int) -> Future[FetchedPartition]:
+        return runtime.submit(_fetch(cluster, topic, partition, offset, max_bytes, isolation, 500, request_timeout))
+
     position = rng.start
+    pending = send(position)
     while position < rng.end:
         try:
-            fp = runtime.run(_fetch(cluster, topic, partition, position, max_bytes, isolation, 500,
-                                    request_timeout), timeout=request_timeout + 5)
+            fp = pending.result(request_timeout + 5)
             if fp.error_code:
                 raise error_for(fp.error_code, f"fetch {topic}-{partition} at {position}") or KafkaError(
                     code=fp.error_code)
@@ -99,16 +109,20 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
                                  f"{position} for {deadline_s:.0f} s: {exc}") from exc
             time.sleep(backoff)
             runtime.run(cluster.refresh_metadata([topic], force=True), timeout=request_timeout + 5)
+            pending = send(position)
             continue
         except KafkaError as exc:
             if exc.code != ErrorCode.OFFSET_OUT_OF_RANGE:
                 raise
             log_start = topics.offsets(options, [(topic, partition)], "earliest")[(topic, partition)]
             position = _skip_lost(rng, position, options, log_start)
+            pending = send(position)
             continue
         with _no_cyclic_gc():
             decoded = decode_fetch(topic, partition, fp.records, position, read_committed=options.read_committed,
                                    aborted=fp.aborted_transactions)
+            if decoded.size and decoded.next_offset < rng.end:
+                pending = send(decoded.next_offset)  # prefetch while this chunk is converted and consumed
             messages = decoded.messages
             if messages and messages[-1][0] >= rng.end:
                 messages = messages[:bisect.bisect_left(messages, rng.end, key=_offset_of)]
@@ -122,6 +136,7 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
             continue
         if fp.records.nbytes:
             max_bytes *= 2  # one batch is larger than the fetch size: ask for more
+            pending = send(position)
             continue
         # No data at `position` although the range was planned below the end of the log.
         end_now = fp.last_stable_offset if options.read_committed and fp.last_stable_offset >= 0 \
@@ -133,6 +148,7 @@ def read_range(rng: OffsetRange, options: ReadOptions) -> Iterator[pa.RecordBatc
             raise KafkaError(f"reading {topic}-{partition} [{rng.start}, {rng.end}): no data at offset {position} "
                              f"for {deadline_s:.0f} s (high watermark {fp.high_watermark}, last stable offset "
                              f"{fp.last_stable_offset})")
+        pending = send(position)
 
 
 @contextmanager
