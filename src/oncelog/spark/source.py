@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+)
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -28,6 +35,7 @@ from oncelog.spark import topics
 from oncelog.spark.fetch import read_range
 from oncelog.spark.options import OptionError, ReadOptions, parse_read_options
 from oncelog.spark.schema import spark_ddl
+from oncelog.spark.sink import batch_writer, stream_writer
 
 
 class RangePartition(InputPartition):
@@ -62,6 +70,12 @@ class OncelogDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return OncelogStreamReader(parse_read_options(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return batch_writer(self.options, schema, overwrite)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return stream_writer(self.options, schema)
 
 
 class OncelogBatchReader(DataSourceReader):
