@@ -183,3 +183,49 @@ def test_stream_available_now_limits_batches_stops_at_the_lso_and_resumes(oncelo
     assert [r for r in got if r.value not in opened] == by_offset(first + second)
     assert sorted(r.value for r in got if r.value in opened) == sorted(opened)
     assert len({(r.partition, r.offset) for r in got}) == len(got)  # no record twice
+
+
+@pytest.mark.parametrize("codec", ["gzip", "snappy", "lz4", "zstd"])
+def test_compressed_batches(oncelog_spark, module_broker, topic_name, codec):
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    committed = write_transactions(bootstrap, topic_name, [
+        ("commit", records("z1", 40, 2, with_headers=True)), ("abort", records("za", 10, 2)),
+        ("commit", records("z2", 40, 2))], **{"compression.type": codec, "linger.ms": 50})
+    df = batch(oncelog_spark, bootstrap, topic_name, includeHeaders="true")
+    assert rows_to_recs(df.collect(), topic_name, headers=True) == committed
+
+
+def test_stream_restart_after_delete_records_is_data_loss_unless_allowed(oncelog_spark, module_broker, topic_name,
+                                                                          tmp_path):
+    """Offsets from the checkpoint that retention (here DeleteRecords) removed are met at read time."""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=1)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    first = write_transactions(bootstrap, topic_name, [("commit", records("f", 5, 1))])
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint)
+    second = write_transactions(bootstrap, topic_name, [("commit", records("g", 8, 1))])
+    cut = second[3].offset  # the first 3 records of the second transaction are deleted before they are read
+    with Admin({"bootstrap.servers": bootstrap}) as admin:
+        admin.delete_records({(topic_name, 0): cut})
+    with pytest.raises(Exception, match="failOnDataLoss"):
+        stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint)
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint, failOnDataLoss="false")
+    got = rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name)
+    assert got == first + second[3:]
+
+
+def test_stream_reads_partitions_added_while_it_runs_from_offset_zero(oncelog_spark, module_broker, topic_name,
+                                                                       tmp_path):
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=1)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    first = write_transactions(bootstrap, topic_name, [("commit", records("p", 4, 1))])
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint)
+    with Admin({"bootstrap.servers": bootstrap}) as admin:
+        admin.create_partitions(topic_name, 3)
+    second = write_transactions(bootstrap, topic_name, [("commit", records("q", 9, 3))])
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint)
+    got = rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name)
+    assert got == by_offset(first + second)
+    assert {r.partition for r in got if r.offset == 0} == {0, 1, 2}

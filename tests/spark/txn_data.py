@@ -43,10 +43,11 @@ def produce_in_transaction(producer: Producer, topic: str, outs: Sequence[Out]) 
                                                                                                       strict=True)]
 
 
-def write_transactions(bootstrap: str, topic: str, plan: Sequence[tuple[str, Sequence[Out]]]) -> list[Rec]:
+def write_transactions(bootstrap: str, topic: str, plan: Sequence[tuple[str, Sequence[Out]]],
+                       **conf: Any) -> list[Rec]:
     """Run each (`"commit"` | `"abort"`, records) step as one transaction; return the committed records in
-    (partition, offset) order."""
-    producer = transactional_producer(bootstrap)
+    (partition, offset) order. `conf`: more producer settings (e.g. compression.type)."""
+    producer = transactional_producer(bootstrap, **conf)
     committed: list[Rec] = []
     for outcome, outs in plan:
         recs = produce_in_transaction(producer, topic, outs)
