@@ -219,3 +219,34 @@ def test_static_member_restart_keeps_its_partitions_without_a_rebalance(module_b
     everything = seen["a"] + seen["b"]
     assert len(everything) == len(set(everything)), "a record was consumed twice"
     assert set(everything) == {(p, off) for p in range(PARTITIONS) for off in range(30)}
+
+
+def test_pattern_subscription_picks_up_new_matching_topics(module_broker, topic_name):
+    prefix = f"{topic_name}-p"
+    create_topic(module_broker.bootstrap, f"{prefix}-a", 1)
+    create_topic(module_broker.bootstrap, f"other-{topic_name}", 1)
+    ck_produce(module_broker.bootstrap, f"{prefix}-a", [Out(0, None, b"a")])
+    ck_produce(module_broker.bootstrap, f"other-{topic_name}", [Out(0, None, b"other")])
+    c = ours(module_broker.bootstrap, f"g-{topic_name}", **{"metadata.max.age.ms": 300})
+    seen: list[tuple[str, bytes | None]] = []
+    try:
+        c.subscribe([f"^{prefix}-.*"])
+        deadline = time.monotonic() + 30
+        while not seen:
+            assert time.monotonic() < deadline
+            m = c.poll(0.1)
+            if m is not None and m.error() is None:
+                seen.append((m.topic(), m.value()))
+        create_topic(module_broker.bootstrap, f"{prefix}-b", 2)
+        ck_produce(module_broker.bootstrap, f"{prefix}-b", [Out(1, None, b"b")])
+        while len(seen) < 2:
+            assert time.monotonic() < deadline, f"the new topic was not picked up: {seen}"
+            m = c.poll(0.1)
+            if m is not None and m.error() is None:
+                seen.append((m.topic(), m.value()))
+        assert c.poll(1.0) is None
+        assert sorted((tp.topic, tp.partition) for tp in c.assignment()) == \
+            [(f"{prefix}-a", 0), (f"{prefix}-b", 0), (f"{prefix}-b", 1)]
+    finally:
+        c.close()
+    assert seen == [(f"{prefix}-a", b"a"), (f"{prefix}-b", b"b")]

@@ -118,7 +118,9 @@ class _Core:
         await self.start()
         if self.group is None:
             raise KafkaError("subscribe() needs group.id")
-        await self.cluster.refresh_metadata(topics)
+        literal = [t for t in topics if not t.startswith("^")]  # "^..." are patterns, matched by the group
+        if literal:
+            await self.cluster.refresh_metadata(literal)
         self.group.subscribe(topics)
 
     async def unsubscribe(self) -> None:
@@ -491,7 +493,11 @@ class Consumer(_Application):
 
     def subscribe(self, topics: list[str], on_assign: Callable[..., Any] | None = None,
                   on_revoke: Callable[..., Any] | None = None, on_lost: Callable[..., Any] | None = None) -> None:
-        """Join the group (group.id) for `topics`; on_assign(consumer, partitions) / on_revoke(...) run in poll()."""
+        """Join the group (group.id) for `topics` ("^..." names are regular expressions).
+
+        on_assign(consumer, partitions) and on_revoke(consumer, partitions) run inside poll()/consume(),
+        on this thread; without a call to assign()/unassign() in them the assignment is applied after.
+        """
         self._on_assign = on_assign
         self._on_revoke = on_revoke if on_revoke is not None else on_lost
         self._run(self._core.subscribe(list(topics)))

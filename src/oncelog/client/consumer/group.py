@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -89,7 +91,11 @@ class GroupMember:
         self.member_id = ""
         self.generation_id = -1
         self.protocol_name: str | None = None
-        self.topics: list[str] = []
+        self.topics: list[str] = []  # what we subscribe to now: literal names plus the current pattern matches
+        self._literal: list[str] = []
+        self._patterns: list[re.Pattern[str]] = []
+        self._pattern_check_every = config["metadata.max.age.ms"] / 1000
+        self._patterns_checked = 0.0
         self.assigned: list[TP] = []
         self._rejoin = asyncio.Event()
         self._wake = asyncio.Event()
@@ -101,7 +107,11 @@ class GroupMember:
         return ConsumerGroupMetadata(self.group_id, self.generation_id, self.member_id, self.group_instance_id)
 
     def subscribe(self, topics: list[str]) -> None:
-        self.topics = list(topics)
+        """Topic names; a name starting with "^" is a regular expression (confluent-kafka's convention),
+        matched against the cluster's non-internal topics before every join and every metadata.max.age.ms."""
+        self._literal = [t for t in topics if not t.startswith("^")]
+        self._patterns = [re.compile(t) for t in topics if t.startswith("^")]
+        self.topics = list(self._literal)
         self.request_rejoin()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="oncelog-group")
@@ -155,7 +165,24 @@ class GroupMember:
                 self._rejoin.set()
                 await asyncio.sleep(self._backoff)
 
+    async def _resolve_patterns(self) -> bool:
+        """Re-match the patterns; True when the subscribed topics changed."""
+        self._patterns_checked = time.monotonic()
+        if not self._patterns:
+            return False
+        everything = await self._cluster.list_all_topics()
+        matched = {name for name, meta in everything.items()
+                   if not meta.is_internal and not name.startswith("__")
+                   and any(p.match(name) for p in self._patterns)}
+        topics = sorted(set(self._literal) | matched)
+        if topics == sorted(self.topics):
+            return False
+        log.info("group %s: subscription patterns now match %s", self.group_id, topics)
+        self.topics = topics
+        return True
+
     async def _rebalance(self) -> None:
+        await self._resolve_patterns()
         if self.assigned:  # eager protocol: everything is given up before joining
             revoked, self.assigned = self.assigned, []
             await self._hand_over("revoke", revoked)
@@ -201,6 +228,10 @@ class GroupMember:
         if self._rejoin.is_set():
             return
         await self._heartbeat()
+        if self._patterns and time.monotonic() - self._patterns_checked >= self._pattern_check_every:
+            if await self._resolve_patterns():
+                self._rejoin.set()
+                return
         if self._leader_counts is not None and self._partition_counts_changed():
             log.info("group %s: partition count of a subscribed topic changed; rebalancing", self.group_id)
             self._rejoin.set()
