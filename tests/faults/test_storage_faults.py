@@ -324,3 +324,72 @@ def test_transaction_ended_on_a_full_disk_neither_hangs_nor_leaks(small_disk, br
     elif not commit:
         assert not in_doubt, "records of an aborted transaction read under read_committed"
     assert "after" in seen
+
+
+def init_producer_id(bootstrap: str) -> tuple[int, int]:
+    from kafka.protocol.producer import InitProducerIdRequest
+
+    with Wire(bootstrap) as w:
+        resp = w.request(InitProducerIdRequest[2](transactional_id=None, transaction_timeout_ms=60000), 2)
+    assert resp.error_code == 0, resp
+    return resp.producer_id, resp.producer_epoch
+
+
+def test_retry_of_a_batch_refused_by_a_failed_fsync_is_deduplicated_after_recovery(broker_factory, topic_name,
+                                                                                    tmp_path):
+    """The batch was written, its fsync failed (56, not acknowledged), the restart recovered it from the page
+    cache: the producer's retry (same producer id, epoch, sequence) must get the original offset, not a second
+    copy."""
+    trigger = FsyncTrigger(tmp_path / "fail-fsync")
+    broker = broker_factory(trigger.setting)
+    create_topic(broker.bootstrap, topic_name, 1)
+    pid, epoch = init_producer_id(broker.bootstrap)
+
+    def batch(seq: int) -> bytearray:
+        return build_batch([(None, f"s{seq}".encode())], producer_id=pid, producer_epoch=epoch, base_sequence=seq)
+
+    with Wire(broker.bootstrap) as w:
+        for seq in range(3):
+            assert produce_raw(w, topic_name, 0, batch(seq)).error_code == 0
+        trigger.arm()
+        assert produce_raw(w, topic_name, 0, batch(3)).error_code == KAFKA_STORAGE_ERROR
+    trigger.disarm()
+    broker.stop()
+    broker.start()
+    with Wire(broker.bootstrap) as w:
+        retry = produce_raw(w, topic_name, 0, batch(3))
+        assert retry.error_code == 0, retry
+        following = produce_raw(w, topic_name, 0, batch(4))
+        assert following.error_code == 0, following
+    values = [v for _, v in read_everything(broker.bootstrap, topic_name, 1)[0]]
+    assert values == ["s0", "s1", "s2", "s3", "s4"], values
+    assert retry.base_offset == 3 and following.base_offset == 4
+
+
+def test_batch_refused_by_a_failed_fsync_does_not_come_back_after_restart(broker_factory, topic_name, tmp_path):
+    """56 tells the producer the batch was not written, and a client may then re-send its records under a new
+    epoch or producer id (librdkafka bumps the epoch when it believes nothing in flight was persisted). So the
+    unsynced tail must not survive into the recovered log, even though the page cache still holds it."""
+    trigger = FsyncTrigger(tmp_path / "fail-fsync")
+    broker = broker_factory(trigger.setting)
+    create_topic(broker.bootstrap, topic_name, 1)
+    pid, epoch = init_producer_id(broker.bootstrap)
+    with Wire(broker.bootstrap) as w:
+        for seq in range(3):
+            ok = produce_raw(w, topic_name, 0, build_batch([(None, f"s{seq}".encode())], producer_id=pid,
+                                                          producer_epoch=epoch, base_sequence=seq))
+            assert ok.error_code == 0
+        trigger.arm()
+        refused = produce_raw(w, topic_name, 0, build_batch([(None, b"s3")], producer_id=pid,
+                                                            producer_epoch=epoch, base_sequence=3))
+        assert refused.error_code == KAFKA_STORAGE_ERROR
+    trigger.disarm()
+    broker.kill()
+    broker.start()
+    new_pid, new_epoch = init_producer_id(broker.bootstrap)
+    with Wire(broker.bootstrap) as w:
+        resent = produce_raw(w, topic_name, 0, build_batch([(None, b"s3")], producer_id=new_pid,
+                                                           producer_epoch=new_epoch, base_sequence=0))
+        assert resent.error_code == 0, resent
+    values = [v for _, v in read_everything(broker.bootstrap, topic_name, 1)[0]]
+    assert values == ["s0", "s1", "s2", "s3"], values

@@ -303,6 +303,38 @@ class PartitionLog:
         for fd in self._pending_fds:
             os.close(fd)
         self._pending_fds = []
+        if self.fsync_enabled and self._segments:
+            self._drop_unsynced_tail()
+
+    def _drop_unsynced_tail(self) -> None:
+        """Cut the log back to the high watermark (the last offset a successful fsync covered).
+
+        Past it, after a failed fsync, the bytes may live only in the page cache (Linux marks the pages clean
+        whether or not they reached the disk), and every producer waiting for them was told
+        KAFKA_STORAGE_ERROR, which clients read as "not written": librdkafka may re-send those records under a
+        new epoch. Recovery would keep a tail whose CRCs still match, and the re-sent records would then be in
+        the log twice. Cutting it here makes the answer true. If even that fails, the restart's recovery is
+        all that is left."""
+        hw = self._hw
+        try:
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= hw:
+                segment = self._segments.pop()
+                self._bases.pop()
+                self._size -= segment.size
+                if segment.unsynced:
+                    self._unsynced.remove(segment)
+                segment.delete()
+            segment = self._segments[-1]
+            if segment.next_offset > hw:
+                found = segment.position_of(hw)
+                position = found[0] if found is not None else segment.size
+                self._size -= segment.size - position
+                segment.truncate_to(position)
+            if self._leo > hw:
+                log.warning("%s: dropped the unsynced offsets %d..%d", self.name, hw, self._leo - 1)
+            self._leo = hw
+        except OSError as exc:
+            log.error("%s: could not cut the unsynced tail at %d: %s", self.name, hw, exc)
 
     def update_config(self, config: TopicConfig) -> None:
         self.config = config
