@@ -163,6 +163,8 @@ class Run:
         while time.monotonic() < self.deadline - 3:
             fault = self.rng.choice(self.nemeses)
             duration = self.rng.uniform(0.5, 3.0)
+            if fault == "broker-pause" and self.rng.random() < 0.3:
+                duration = self.rng.uniform(5.5, 8.0)  # past request.timeout.ms: answers come after retries
             self.nemesis_log.log("fault", kind=fault, phase="start", duration=duration)
             self.faults += 1
             self._inject(fault, duration)
@@ -335,11 +337,13 @@ def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client
                      len(run.hung) + len(run.stuck))
 
 
-def summarize(results: list[RunResult]) -> dict[str, Any]:
+def summarize(results: list[RunResult], all_nemeses: list[str] | None = None) -> dict[str, Any]:
     rows = []
     for r in results:
         counts = {name: sum(len(rep.anomalies[name]) for rep in r.report.values()) for name in ANOMALIES}
-        rows.append({"workload": r.workload, "seed": r.seed, "nemeses": r.nemeses, "faults": r.faults,
+        label = _nemesis_label(r.nemeses, all_nemeses or r.nemeses)
+        rows.append({"workload": r.workload, "seed": r.seed, "nemesis": label, "nemeses": r.nemeses,
+                     "faults": r.faults,
                      "operations": r.operations, "seconds": round(r.seconds, 1),
                      "client_restarts": r.client_restarts, **counts,
                      "examples": {name: rep.anomalies[name][:3] for rep in r.report.values()
@@ -354,13 +358,28 @@ def print_table(summary: dict[str, Any]) -> None:
     short = {"lost_writes": "lost", "duplicates": "dup", "aborted_reads": "G1a", "uncommitted_reads": "uncommit",
              "reordering": "reorder", "nonmonotonic_polls": "nonmono", "inconsistent_offsets": "inconsist",
              "phantoms": "phantom", "hanging_transactions": "hanging"}
-    head = f"{'workload':<14}{'seed':>6}{'faults':>8}{'ops':>8}{'restarts':>10}" + "".join(f"{short[n]:>10}" for n in ANOMALIES)
+    head = (f"{'workload':<14}{'nemesis':<22}{'seed':>6}{'faults':>8}{'ops':>8}{'restarts':>10}"
+            + "".join(f"{short[n]:>10}" for n in ANOMALIES))
     print(head)
     for r in summary["runs"]:
-        print(f"{r['workload']:<14}{r['seed']:>6}{r['faults']:>8}{r['operations']:>8}{r['client_restarts']:>10}"
-              + "".join(f"{r[n]:>10}" for n in ANOMALIES))
+        print(f"{r['workload']:<14}{r['nemesis'][:21]:<22}{r['seed']:>6}{r['faults']:>8}{r['operations']:>8}"
+              f"{r['client_restarts']:>10}" + "".join(f"{r[n]:>10}" for n in ANOMALIES))
     t = summary["total"]
-    print(f"{'TOTAL':<14}{t['runs']:>6}{t['faults']:>8}{t['operations']:>8}{t['client_restarts']:>10}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
+    print(f"{'TOTAL':<14}{str(t['runs']) + ' runs':<22}{'':>6}{t['faults']:>8}{t['operations']:>8}"
+          f"{t['client_restarts']:>10}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
+
+
+def plan(runs: int, workloads: list[str], nemeses: list[str]) -> list[tuple[str, list[str]]]:
+    """Which workload under which nemeses, run by run: first every workload under all nemeses mixed, then every
+    workload under each nemesis alone; around again when `runs` is larger than that matrix."""
+    cells = [(w, list(nemeses)) for w in workloads]
+    if len(nemeses) > 1:
+        cells += [(w, [n]) for n in nemeses for w in workloads]
+    return [cells[i % len(cells)] for i in range(runs)]
+
+
+def _nemesis_label(run_nemeses: list[str], all_nemeses: list[str]) -> str:
+    return "mix" if len(run_nemeses) > 1 and run_nemeses == list(all_nemeses) else "+".join(run_nemeses)
 
 
 def usable_nemeses(nemeses: list[str]) -> list[str]:
@@ -386,7 +405,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--nemeses", default=",".join(NEMESES))
     parser.add_argument("--client", choices=("confluent", "oncelog"), default="confluent")
-    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"),
+                        help="directory for faults-<time>.json, or a path ending in .json")
     parser.add_argument("--keep", help="copy each run's histories and logs into this directory")
     args = parser.parse_args(argv)
     workloads = args.workloads.split(",")
@@ -395,15 +415,16 @@ def main(argv: list[str] | None = None) -> int:
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
     results = []
-    for i in range(args.runs):
-        workload = workloads[i % len(workloads)]
-        result = one_run(workload, nemeses, args.seed + i, args.seconds, args.client, keep)
+    for i, (workload, run_nemeses) in enumerate(plan(args.runs, workloads, nemeses)):
+        result = one_run(workload, run_nemeses, args.seed + i, args.seconds, args.client, keep)
         results.append(result)
-        print(f"run {i + 1}/{args.runs}: {workload} seed {args.seed + i}: {result.faults} faults, "
-              f"{result.operations} ops, {result.seconds:.0f} s", flush=True)
-    summary = summarize(results)
+        print(f"run {i + 1}/{args.runs}: {workload} under {_nemesis_label(run_nemeses, nemeses)} seed "
+              f"{args.seed + i}: {result.faults} faults, {result.operations} ops, {result.seconds:.0f} s", flush=True)
+    summary = summarize(results, nemeses)
     print_table(summary)
-    out = Path(args.out) / f"faults-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out = Path(args.out)
+    if out.suffix != ".json":
+        out = out / f"faults-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(summary, indent=2, default=str))
     print(f"results: {out}")

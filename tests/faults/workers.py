@@ -69,12 +69,20 @@ def _client_modules(name: str):
     return ck.Producer, ck.Consumer, ck.TopicPartition
 
 
+def _debug(args: argparse.Namespace) -> dict[str, str]:
+    """librdkafka's own trace (FAULTS_DEBUG=eos,msg,...), for chasing a hang or an anomaly to its cause."""
+    if os.environ.get("FAULTS_DEBUG") and args.client == "confluent":
+        return {"debug": os.environ["FAULTS_DEBUG"]}
+    return {}
+
+
 def producer(args: argparse.Namespace, h: HistoryWriter) -> None:
     """Idempotent producer: unique values round-robin over partitions, acks=all, a bounded rate."""
     Producer, _, _ = _client_modules(args.client)
     p = Producer({"bootstrap.servers": args.bootstrap, "enable.idempotence": True, "acks": "all",
                   "linger.ms": 5, "delivery.timeout.ms": 120_000, "request.timeout.ms": 5_000,
-                  "max.in.flight.requests.per.connection": 5})
+                  "max.in.flight.requests.per.connection": 5,
+                  **_debug(args)})
     deadline = time.monotonic() + args.seconds
     n = 0
 
@@ -240,8 +248,7 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
     Producer, Consumer, TopicPartition = _client_modules(args.client)
     conf = {"bootstrap.servers": args.bootstrap, "transactional.id": f"fault-copier-{args.slot}",
             "transaction.timeout.ms": args.txn_timeout_ms, "linger.ms": 5, "request.timeout.ms": 5_000}
-    if os.environ.get("FAULTS_DEBUG") and args.client == "confluent":
-        conf["debug"] = os.environ["FAULTS_DEBUG"]  # librdkafka's own trace, for chasing a hang
+    conf.update(_debug(args))
     c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "enable.auto.commit": False,
                   "isolation.level": "read_committed", "auto.offset.reset": "earliest",
                   "session.timeout.ms": 10_000})
@@ -286,11 +293,23 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
         except Exception as exc:  # noqa: BLE001
             h.log("txn", phase="commit-fail", txn=txn, error=repr(exc))
             p = _recover(p, conf, h, txn, Producer)
-            # Whatever was not committed is read again from the group's committed offsets.
+            _rewind(c, TopicPartition)
+        # Draining ends after 5 s without input while polling, not while a call blocked through a fault.
+        idle_since = time.monotonic()
+    c.close()
+
+
+def _rewind(c: Any, TopicPartition: Any) -> None:
+    """Read again, from the group's committed offsets, whatever the failed transaction did not commit."""
+    for attempt in range(30):
+        try:
             for tp in c.assignment():
                 committed = c.committed([tp], 30)[0]
                 c.seek(TopicPartition(tp.topic, tp.partition, max(committed.offset, 0)))
-    c.close()
+            return
+        except Exception:  # noqa: BLE001 - the broker may be down or the assignment moving: try again
+            time.sleep(FATAL_PAUSE_S * (attempt + 1))
+    raise RuntimeError("copier could not rewind to the committed offsets")
 
 
 KINDS = {"producer": producer, "txn-producer": txn_producer, "reader": reader, "deleter": deleter,
