@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import struct
 from collections import deque
 from collections.abc import Sequence
@@ -38,12 +39,22 @@ __all__ = ["BrokerConnection", "CLIENT_SOFTWARE_NAME", "CLIENT_SOFTWARE_VERSION"
 log = logging.getLogger("oncelog.client.connection")
 
 CLIENT_SOFTWARE_NAME = "oncelog-python"
-try:
-    from importlib.metadata import version as _dist_version
 
-    CLIENT_SOFTWARE_VERSION = _dist_version("oncelog")
-except Exception:  # running from a source tree without installed metadata
-    CLIENT_SOFTWARE_VERSION = "0"
+
+def _software_version() -> str:
+    """Our version in the form KIP-511 requires ([a-zA-Z0-9] at both ends, [-.a-zA-Z0-9] between):
+    a broker answers INVALID_REQUEST to anything else, e.g. a local version "1.0+dev"."""
+    try:
+        from importlib.metadata import version
+
+        text = version("oncelog")
+    except Exception:  # running from a source tree without installed metadata
+        return "0"
+    text = re.sub(r"[^a-zA-Z0-9.-]", "-", text).strip("-.")
+    return text or "0"
+
+
+CLIENT_SOFTWARE_VERSION = _software_version()
 
 _SIZE = struct.Struct(">i")
 _CORRELATION = struct.Struct(">i")
@@ -244,9 +255,9 @@ class BrokerConnection:
         seconds (default request.timeout.ms); when it passes, the connection is closed and every
         request in flight fails. Cancelling the awaiting task does not unsend the request.
         """
-        if self._closed or self._protocol is None or self._protocol.transport is None:
+        transport = None if self._protocol is None else self._protocol.transport
+        if self._closed or transport is None or transport.is_closing():
             raise self._close_reason or NetworkError(f"connection to {self.address} is closed")
-        transport = self._protocol.transport
         correlation_id = self._next_correlation
         self._next_correlation = (correlation_id + 1) & 0x7FFFFFFF
         header = codecs.encode_request_header(api_key, version, correlation_id, self.client_id)
