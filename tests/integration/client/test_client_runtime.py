@@ -13,7 +13,7 @@ from tests.integration.helpers import create_topic
 from oncelog.client import runtime
 from oncelog.client.cluster import Cluster
 from oncelog.client.config import ClientConfig
-from oncelog.client.errors import KafkaTimeoutError
+from oncelog.client.errors import KafkaError, KafkaTimeoutError
 from oncelog.protocol.apis import ApiKey
 
 
@@ -180,3 +180,14 @@ def test_clear_cache_closes_sync_and_async_clients(module_broker):
     assert closed == ["sync"] and cluster.closed and cluster.connected_nodes() == []
     assert runtime.cached("test-close-sync", lambda: 1) == 1  # the cache is empty again
     runtime.clear_cache(close=False)
+
+
+def test_a_stopped_loop_thread_is_replaced():
+    private = runtime.LoopThread(name="oncelog-test")
+    assert private.run(asyncio.sleep(0, result=7), timeout=5) == 7
+    private.stop()
+    assert not private.alive and not private.thread.is_alive()
+    with pytest.raises(KafkaError, match="stopped"):
+        private.submit(asyncio.sleep(0))
+    shared = runtime.get_runtime()
+    assert shared is not private and shared.alive
