@@ -250,3 +250,68 @@ def test_pattern_subscription_picks_up_new_matching_topics(module_broker, topic_
     finally:
         c.close()
     assert seen == [(f"{prefix}-a", b"a"), (f"{prefix}-b", b"b")]
+
+
+def test_async_consumers_split_a_group_with_coroutine_callbacks(module_broker, topic, topic_name):
+    import asyncio
+
+    from oncelog.client.consumer.consumer import AsyncConsumer
+
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 200)
+    events: list[tuple[str, str, list[int]]] = []
+
+    async def main() -> dict[str, Seen]:
+        conf = {"bootstrap.servers": module_broker.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                "fetch.wait.max.ms": 100, "heartbeat.interval.ms": 200, "session.timeout.ms": 6000}
+        a, b = AsyncConsumer(conf), AsyncConsumer(conf)
+        seen: dict[str, Seen] = {"a": [], "b": []}
+
+        def recorder(name: str, kind: str):
+            async def cb(consumer: AsyncConsumer, parts: list[TopicPartition]) -> None:
+                await asyncio.sleep(0)
+                events.append((name, kind, sorted(tp.partition for tp in parts)))
+            return cb
+
+        try:
+            await a.subscribe([topic], on_assign=recorder("a", "assign"), on_revoke=recorder("a", "revoke"))
+            await b.subscribe([topic], on_assign=recorder("b", "assign"), on_revoke=recorder("b", "revoke"))
+            deadline = time.monotonic() + 40
+            while len(seen["a"]) + len(seen["b"]) < 200 or not (a.assignment() and b.assignment()):
+                assert time.monotonic() < deadline, f"{len(seen['a'])}+{len(seen['b'])} read"
+                for name, c in (("a", a), ("b", b)):
+                    m = await c.poll(0.05)
+                    if m is not None and m.error() is None:
+                        seen[name].append((m.partition(), m.offset()))
+            assert {tp.partition for tp in a.assignment()}.isdisjoint({tp.partition for tp in b.assignment()})
+        finally:
+            await a.close()
+            await b.close()
+        return seen
+
+    seen = asyncio.run(main())
+    everything = seen["a"] + seen["b"]
+    assert len(everything) == len(set(everything)) == 200
+    assert any(name == "b" and kind == "assign" and len(parts) == 2 for name, kind, parts in events)
+    a_parts = next(parts for name, kind, parts in events if name == "a" and kind == "assign")
+    assert ("a", "revoke", a_parts) in events  # close() revokes through the callback, as confluent-kafka does
+
+
+def test_unsubscribe_revokes_commits_and_a_later_subscribe_resumes(module_broker, topic, topic_name):
+    produce(module_broker.bootstrap, topic, 0, 100)
+    revoked: list[list[int]] = []
+    c = ours(module_broker.bootstrap, f"g-{topic_name}")
+    try:
+        c.subscribe([topic], on_revoke=lambda consumer, parts: revoked.append(sorted(tp.partition for tp in parts)))
+        seen: dict[str, Seen] = {"c": []}
+        drain({"c": c}, seen, lambda: len(seen["c"]) >= 100)
+        c.unsubscribe()
+        assert revoked == [[0, 1, 2, 3]] and c.assignment() == []
+        assert c.poll(0.5) is None
+        produce(module_broker.bootstrap, topic, 100, 20)
+        c.subscribe([topic])
+        drain({"c": c}, seen, lambda: len(seen["c"]) >= 120)
+        assert c.poll(0.5) is None
+    finally:
+        c.close()
+    assert sorted(seen["c"]) == sorted((p, o) for p in range(PARTITIONS) for o in range(30))

@@ -331,6 +331,7 @@ class _Application:
         self._on_assign: Callable[..., Any] | None = None
         self._on_revoke: Callable[..., Any] | None = None
         self._assign_called = False
+        self._owned: list[TopicPartition] = []  # what the group gave us, as served to the application
         self._closed = False
 
     def _check_open(self) -> None:
@@ -463,9 +464,12 @@ class Consumer(_Application):
         return None
 
     def _serve(self, event: RebalanceEvent) -> None:
+        if event.done.done():
+            return  # the member gave up waiting (unsubscribe, close): nothing to apply
         try:
             tps = [TopicPartition(t, p) for t, p in event.partitions]
             self._assign_called = False
+            self._owned = [] if event.kind == "revoke" else list(tps)
             if event.kind == "revoke":
                 if self._auto_commit:
                     self._commit_quietly(self._changed_positions())
@@ -503,6 +507,13 @@ class Consumer(_Application):
         self._run(self._core.subscribe(list(topics)))
 
     def unsubscribe(self) -> None:
+        """Give the group's partitions up (auto-commit, on_revoke) and leave the group."""
+        self._check_open()
+        revoked, self._owned = self._owned, []
+        if self._auto_commit:
+            self._commit_quietly(self._changed_positions())
+        if revoked and self._on_revoke is not None:
+            self._on_revoke(self, revoked)
         self._run(self._core.unsubscribe())
 
     def assign(self, partitions: list[TopicPartition]) -> None:
@@ -564,11 +575,17 @@ class Consumer(_Application):
         """Commit (enable.auto.commit), leave the group, stop fetching. Idempotent."""
         if self._closed:
             return
-        final = self._changed_positions() if self._auto_commit else None
+        final = None
         try:
-            self._rt.run(self._core.close(final))
+            final = self._changed_positions() if self._auto_commit else None
+            revoked, self._owned = self._owned, []
+            if revoked and self._on_revoke is not None:  # as confluent-kafka: the revoke callback runs on close
+                self._on_revoke(self, revoked)
         finally:
-            self._closed = True
+            try:
+                self._rt.run(self._core.close(final))
+            finally:
+                self._closed = True
 
     def __enter__(self) -> Consumer:
         return self
@@ -637,9 +654,12 @@ class AsyncConsumer(_Application):
         return None
 
     async def _serve(self, event: RebalanceEvent) -> None:
+        if event.done.done():
+            return  # the member gave up waiting (unsubscribe, close): nothing to apply
         try:
             tps = [TopicPartition(t, p) for t, p in event.partitions]
             self._assign_called = False
+            self._owned = [] if event.kind == "revoke" else list(tps)
             if event.kind == "revoke":
                 if self._auto_commit:
                     offsets = self._changed_positions()
@@ -667,6 +687,18 @@ class AsyncConsumer(_Application):
         await self._core.subscribe(list(topics))
 
     async def unsubscribe(self) -> None:
+        """Give the group's partitions up (auto-commit, on_revoke) and leave the group."""
+        self._check_open()
+        revoked, self._owned = self._owned, []
+        if self._auto_commit:
+            offsets = self._changed_positions()
+            if offsets:
+                try:
+                    await self._core.commit(offsets)
+                except KafkaError as exc:
+                    log.warning("auto-commit before unsubscribing failed: %s", exc)
+        if revoked:
+            await _call(self._on_revoke, self, revoked)
         await self._core.unsubscribe()
 
     async def assign(self, partitions: list[TopicPartition]) -> None:
@@ -716,11 +748,17 @@ class AsyncConsumer(_Application):
     async def close(self) -> None:
         if self._closed:
             return
-        final = self._changed_positions() if self._auto_commit else None
+        final = None
         try:
-            await self._core.close(final)
+            final = self._changed_positions() if self._auto_commit else None
+            revoked, self._owned = self._owned, []
+            if revoked:
+                await _call(self._on_revoke, self, revoked)
         finally:
-            self._closed = True
+            try:
+                await self._core.close(final)
+            finally:
+                self._closed = True
 
     async def __aenter__(self) -> AsyncConsumer:
         await self.start()

@@ -121,11 +121,13 @@ class GroupMember:
         self._wake.set()
 
     async def unsubscribe(self) -> None:
-        """Give up the assignment and leave the group (the member stays usable for a later subscribe)."""
+        """Leave the group (the member stays usable for a later subscribe).
+
+        The application side has already given the partitions up (commit, on_revoke) before
+        calling this: it is the caller of unsubscribe(), so it cannot also serve an event.
+        """
         await self._stop_task()
-        if self.assigned:
-            await self._hand_over("revoke", self.assigned)
-            self.assigned = []
+        self.assigned = []
         await self.leave()
         self.topics = []
 
