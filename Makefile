@@ -30,5 +30,26 @@ lint: setup
 bench: setup
 	$(PY) bench/produce_fetch.py
 
+# Fault runs (tests/faults): RUNS runs, first every workload under all nemeses mixed, then each nemesis alone;
+# prints the anomaly table and writes JSON to FAULTS_OUT (a directory or a .json path). Zero anomalies or exit 1.
+RUNS ?= 3
+SEED ?= 1
+FAULT_SECONDS ?= 30
+FAULTS_OUT ?= bench/results
+# Fuzzing (tests/fuzz): fresh random inputs, FUZZ_EXAMPLES per in-process target, FUZZ_E2E_EXAMPLES requests
+# (at most FUZZ_SECONDS) against a real broker.
+FUZZ_EXAMPLES ?= 20000
+FUZZ_E2E_EXAMPLES ?= 20000
+FUZZ_SECONDS ?= 300
+
+.PHONY: faults fuzz
+
+faults: setup
+	$(PY) -m tests.faults.runner --runs $(RUNS) --seed $(SEED) --seconds $(FAULT_SECONDS) --out $(FAULTS_OUT)
+
+fuzz: setup
+	FUZZ_RANDOM=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_E2E_EXAMPLES=$(FUZZ_E2E_EXAMPLES) FUZZ_SECONDS=$(FUZZ_SECONDS) \
+		$(PY) -m pytest -q -s -p no:cacheprovider tests/fuzz
+
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

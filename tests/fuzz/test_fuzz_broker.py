@@ -27,7 +27,7 @@ from tests.support.broker import BrokerProcess
 E2E_EXAMPLES = int(os.environ.get("FUZZ_E2E_EXAMPLES", "1500"))
 REQUESTS = corpus.request_bodies()
 API_VERSIONS = sorted(REQUESTS)
-ANSWER_WAIT_S = 0.3
+ANSWER_WAIT_S = 0.15
 HEALTH_EVERY = 100
 
 
