@@ -18,6 +18,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oncelog.topics")
 
+# Kafka's controller refuses requests that would add more partitions than this, whatever the topics: one
+# request must not be able to make the broker create millions of partition directories.
+MAX_PARTITIONS_PER_REQUEST = 10000
+_TOO_MANY = "Excessively large number of partitions per request."
+
 
 def _validate_new_topic(broker: Broker, name: str, partitions: int) -> None:
     problem = topic_name_problem(name)
@@ -74,8 +79,16 @@ async def handle_create_topics(broker: Broker, ctx: RequestContext, body: memory
     seen: dict[str, int] = {}
     for item in req.topics:
         seen[item.name] = seen.get(item.name, 0) + 1
+    requested = sum(max(item.num_partitions if item.num_partitions != -1 else broker.config["num.partitions"], 0)
+                    for item in req.topics)
     results = []
     for item in req.topics:
+        if requested > MAX_PARTITIONS_PER_REQUEST:
+            results.append({
+                "name": item.name, "topic_id": topic_uuid(None), "error_code": ErrorCode.POLICY_VIOLATION,
+                "error_message": _TOO_MANY, "num_partitions": -1, "replication_factor": -1, "configs": [],
+            })
+            continue
         if seen[item.name] > 1:
             results.append({
                 "name": item.name, "topic_id": topic_uuid(None), "error_code": ErrorCode.INVALID_REQUEST,
@@ -120,10 +133,16 @@ async def handle_delete_topics(broker: Broker, ctx: RequestContext, body: memory
 
 async def handle_create_partitions(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.CREATE_PARTITIONS, ctx.api_version, body)
+    added = 0
+    for item in req.topics:
+        meta = broker.logs.topics.get(item.name)
+        added += max(item.count - (meta.partitions if meta is not None else 0), 0)
     results = []
     for item in req.topics:
         out = {"name": item.name, "error_code": 0, "error_message": None}
         try:
+            if added > MAX_PARTITIONS_PER_REQUEST:
+                raise KafkaError(ErrorCode.POLICY_VIOLATION, _TOO_MANY)
             if item.assignments:
                 raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Manual replica assignment is not supported")
             meta = broker.logs.topics.get(item.name)
