@@ -229,3 +229,22 @@ def test_stream_reads_partitions_added_while_it_runs_from_offset_zero(oncelog_sp
     got = rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name)
     assert got == by_offset(first + second)
     assert {r.partition for r in got if r.offset == 0} == {0, 1, 2}
+
+
+def test_reads_survive_a_broker_restart_between_queries(oncelog_spark, broker_factory, topic_name, tmp_path):
+    """Spark reuses its Python workers, and with them the cached clients: after a broker SIGKILL and restart on
+    the same port, the next batch read and the next micro-batch reconnect instead of failing."""
+    broker = broker_factory()
+    bootstrap = broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    first = write_transactions(bootstrap, topic_name, [("commit", records("r1", 10, 2))])
+    assert rows_to_recs(batch(oncelog_spark, bootstrap, topic_name).collect(), topic_name) == first
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint)
+    broker.restart()
+    assert broker.bootstrap == bootstrap
+    second = write_transactions(bootstrap, topic_name, [("abort", records("x", 4, 2)),
+                                                        ("commit", records("r2", 10, 2))])
+    assert rows_to_recs(batch(oncelog_spark, bootstrap, topic_name).collect(), topic_name) == by_offset(first + second)
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint)
+    assert rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name) == by_offset(first + second)
