@@ -187,25 +187,34 @@ class Sender:
         return plan, due
 
     def _send_node(self, node: int, conn: Any, tps: list[tuple[str, int]], now: float) -> None:
-        """Fill up to the free in-flight slots of one broker with requests, one batch per partition each."""
+        """Fill up to the free in-flight slots of one broker with requests, one batch per partition each.
+
+        A partition's batches go into requests of increasing index, and requests are written in index order, so
+        its batches reach the broker in sequence order.
+        """
         free = self.max_in_flight - self._in_flight.get(node, 0)
         requests: list[dict[tuple[str, int], ProducerBatch]] = []
         sizes: list[int] = []
         for tp in tps:
-            for i, batch in enumerate(self._take(tp, now, free)):
-                while len(requests) <= i:
+            taken = self._take(tp, now, free)
+            slot = 0
+            for j, batch in enumerate(taken):
+                while slot < len(requests) and (tp in requests[slot] or
+                                                 sizes[slot] + len(batch.buf) > self.max_request_bytes):
+                    slot += 1
+                if slot == len(requests):
+                    if len(requests) >= free:
+                        for rest in reversed(taken[j:]):  # no room: first next round, same identity
+                            self._give_back(rest)
+                        break
                     requests.append({})
                     sizes.append(0)
-                if sizes[i] and sizes[i] + len(batch.buf) > self.max_request_bytes:
-                    # too big together: this partition's later batches wait for the next round
-                    self._give_back(batch)
-                    break
-                requests[i][tp] = batch
-                sizes[i] += len(batch.buf)
+                requests[slot][tp] = batch
+                sizes[slot] += len(batch.buf)
+                slot += 1
         for request in requests:
-            if request:
-                self._in_flight[node] = self._in_flight.get(node, 0) + 1
-                self._spawn(self._produce(node, conn, request))
+            self._in_flight[node] = self._in_flight.get(node, 0) + 1
+            self._spawn(self._produce(node, conn, request))
 
     def _take(self, tp: tuple[str, int], now: float, limit: int) -> list[ProducerBatch]:
         """Up to `limit` batches of one partition to send now, in the order they must be written."""
