@@ -315,3 +315,38 @@ def test_unsubscribe_revokes_commits_and_a_later_subscribe_resumes(module_broker
     finally:
         c.close()
     assert sorted(seen["c"]) == sorted((p, o) for p in range(PARTITIONS) for o in range(30))
+
+
+def test_a_member_that_stops_polling_leaves_and_rejoins_when_it_polls_again(module_broker, topic, topic_name):
+    """max.poll.interval.ms: the stalled member's partitions go to the other member; its next poll reports
+    the error (after its lost-partitions callback) and it rejoins."""
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 80)
+    lost: list[list[int]] = []
+    conf = {"max.poll.interval.ms": 4000}
+    a = ours(module_broker.bootstrap, group, **conf)
+    b = ours(module_broker.bootstrap, group, **conf)
+    seen: dict[str, Seen] = {"a": [], "b": []}
+    try:
+        a.subscribe([topic], on_lost=lambda consumer, parts: lost.append(sorted(tp.partition for tp in parts)))
+        b.subscribe([topic])
+        got = wait_assigned({"a": a, "b": b}, split_evenly, seen)
+        drain({"a": a, "b": b}, seen, lambda: len(seen["a"]) + len(seen["b"]) >= 80)
+        a.commit()
+        # a stalls; b keeps polling and takes a's partitions after about max.poll.interval.ms
+        wait_assigned({"b": b}, lambda g: g["b"] == set(range(PARTITIONS)), seen, timeout=30)
+        produce(module_broker.bootstrap, topic, 80, 40)
+        drain({"b": b}, seen, lambda: len(seen["a"]) + len(seen["b"]) >= 120)
+        first = a.poll(5)
+        assert first is not None and first.error() is not None and "max.poll.interval.ms" in str(first.error())
+        assert lost == [sorted(got["a"])]
+        assert a.assignment() == []
+        wait_assigned({"a": a, "b": b}, split_evenly, seen, timeout=40)
+        produce(module_broker.bootstrap, topic, 120, 40)
+        drain({"a": a, "b": b}, seen, lambda: len(seen["a"]) + len(seen["b"]) >= 160)
+    finally:
+        a.close()
+        b.close()
+    everything = seen["a"] + seen["b"]
+    assert len(everything) == len(set(everything)), "a record was consumed twice"
+    assert set(everything) == {(p, off) for p in range(PARTITIONS) for off in range(40)}

@@ -97,7 +97,9 @@ class _Core:
         await self.cluster.bootstrap()
         self.fetcher.start()
         if self.group_id:
-            self.group = GroupMember(self.cluster, self.config, self.feed.post_group_event, self.feed.post_error)
+            self.group = GroupMember(self.cluster, self.config, self.feed.post_group_event, self.feed.post_error,
+                                     liveness=self.feed.progress_mark,
+                                     drop_assignment=lambda: self.fetcher.assign([]))
         self.started = True
 
     async def _committed_offsets(self, tps: list[TP]) -> dict[TP, int]:
@@ -191,6 +193,16 @@ class _Feed:
         self.group_events: deque[RebalanceEvent | KafkaError] = deque()
         # Chunks of paused partitions, set aside until resume (the Java consumer keeps them too).
         self.parked: dict[TP, list[Chunk]] = {}
+        # For max.poll.interval.ms: slow-path entries and whether the application waits inside poll().
+        self.polls = 0
+        self.waiting = False
+
+    def progress_mark(self) -> Any:
+        """Changes whenever the application takes a message; None while it waits in poll() (read on the loop)."""
+        if self.waiting:
+            return None
+        cur = self.cur
+        return (self.polls, id(cur), -1 if cur is None else cur.index)
 
     # called on the loop
     def post_group_event(self, event: RebalanceEvent) -> None:
@@ -330,6 +342,7 @@ class _Application:
         self._last_committed: dict[TP, int] = {}
         self._on_assign: Callable[..., Any] | None = None
         self._on_revoke: Callable[..., Any] | None = None
+        self._on_lost: Callable[..., Any] | None = None
         self._assign_called = False
         self._owned: list[TopicPartition] = []  # what the group gave us, as served to the application
         self._closed = False
@@ -414,17 +427,22 @@ class Consumer(_Application):
 
     def _poll_slow(self, timeout: float | None) -> Message | None:
         self._check_open()
+        feed = self._feed
+        feed.polls += 1
         timeout = _timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
-            msg = self._housekeeping() or self._feed.next_message()
+            msg = self._housekeeping() or feed.next_message()
             if msg is not None:
                 return msg
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            self._feed.buffer.wait(left if left is None else min(left, self._auto_commit_interval),
-                                   self._feed.ready)
+            feed.waiting = True
+            try:
+                feed.buffer.wait(left if left is None else min(left, self._auto_commit_interval), feed.ready)
+            finally:
+                feed.waiting = False
 
     def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         """Up to `num_messages` (at most max.poll.records) messages, waiting at most `timeout` seconds for them.
@@ -433,6 +451,7 @@ class Consumer(_Application):
         """
         self._check_open()
         num_messages = min(num_messages, self._max_poll_records)
+        self._feed.polls += 1
         timeout = _timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         out: list[Message] = []
@@ -447,7 +466,11 @@ class Consumer(_Application):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return out
-            self._feed.buffer.wait(left, self._feed.ready)
+            self._feed.waiting = True
+            try:
+                self._feed.buffer.wait(left, self._feed.ready)
+            finally:
+                self._feed.waiting = False
 
     def _housekeeping(self) -> Message | None:
         """Serve rebalances and auto-commit; a group error comes back as an error message for the caller."""
@@ -469,8 +492,12 @@ class Consumer(_Application):
         try:
             tps = [TopicPartition(t, p) for t, p in event.partitions]
             self._assign_called = False
-            self._owned = [] if event.kind == "revoke" else list(tps)
-            if event.kind == "revoke":
+            self._owned = [] if event.kind != "assign" else list(tps)
+            if event.kind == "lost":  # already taken away on the loop; others may own them now: no commit
+                callback = self._on_lost or self._on_revoke
+                if callback is not None:
+                    callback(self, tps)
+            elif event.kind == "revoke":
                 if self._auto_commit:
                     self._commit_quietly(self._changed_positions())
                 if self._on_revoke is not None:
@@ -503,7 +530,8 @@ class Consumer(_Application):
         on this thread; without a call to assign()/unassign() in them the assignment is applied after.
         """
         self._on_assign = on_assign
-        self._on_revoke = on_revoke if on_revoke is not None else on_lost
+        self._on_revoke = on_revoke
+        self._on_lost = on_lost
         self._run(self._core.subscribe(list(topics)))
 
     def unsubscribe(self) -> None:
@@ -609,6 +637,7 @@ class AsyncConsumer(_Application):
                 return cur.messages[i]
         self._check_open()
         await self._core.start()
+        self._feed.polls += 1
         timeout = _timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
@@ -618,12 +647,13 @@ class AsyncConsumer(_Application):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return None
-            await self._feed.buffer.wait_async(left, self._feed.ready)
+            await self._wait(left)
 
     async def consume(self, num_messages: int = 1, timeout: float | None = None) -> list[Message]:
         self._check_open()
         num_messages = min(num_messages, self._max_poll_records)
         await self._core.start()
+        self._feed.polls += 1
         timeout = _timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
         out: list[Message] = []
@@ -638,7 +668,14 @@ class AsyncConsumer(_Application):
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 return out
-            await self._feed.buffer.wait_async(left, self._feed.ready)
+            await self._wait(left)
+
+    async def _wait(self, timeout: float | None) -> None:
+        self._feed.waiting = True
+        try:
+            await self._feed.buffer.wait_async(timeout, self._feed.ready)
+        finally:
+            self._feed.waiting = False
 
     async def _housekeeping(self) -> Message | None:
         feed = self._feed
@@ -659,8 +696,10 @@ class AsyncConsumer(_Application):
         try:
             tps = [TopicPartition(t, p) for t, p in event.partitions]
             self._assign_called = False
-            self._owned = [] if event.kind == "revoke" else list(tps)
-            if event.kind == "revoke":
+            self._owned = [] if event.kind != "assign" else list(tps)
+            if event.kind == "lost":  # already taken away on the loop; others may own them now: no commit
+                await _call(self._on_lost or self._on_revoke, self, tps)
+            elif event.kind == "revoke":
                 if self._auto_commit:
                     offsets = self._changed_positions()
                     if offsets:
@@ -679,11 +718,13 @@ class AsyncConsumer(_Application):
             event.complete()
 
     async def subscribe(self, topics: list[str], on_assign: Callable[..., Any] | None = None,
-                        on_revoke: Callable[..., Any] | None = None) -> None:
+                        on_revoke: Callable[..., Any] | None = None,
+                        on_lost: Callable[..., Any] | None = None) -> None:
         """Callbacks may be plain functions or coroutine functions; they get (consumer, partitions)."""
         self._check_open()
         self._on_assign = on_assign
         self._on_revoke = on_revoke
+        self._on_lost = on_lost
         await self._core.subscribe(list(topics))
 
     async def unsubscribe(self) -> None:

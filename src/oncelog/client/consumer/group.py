@@ -76,7 +76,8 @@ class RebalanceEvent:
 
 class GroupMember:
     def __init__(self, cluster: Any, config: Any, post_event: Callable[[RebalanceEvent], None],
-                 post_error: Callable[[KafkaError], None]) -> None:
+                 post_error: Callable[[KafkaError], None], *, liveness: Callable[[], Any] | None = None,
+                 drop_assignment: Callable[[], None] | None = None) -> None:
         self._cluster = cluster
         self.group_id: str = config["group.id"]
         self.group_instance_id: str | None = config["group.instance.id"]
@@ -88,6 +89,13 @@ class GroupMember:
         self._strategies = list(config["partition.assignment.strategy"])
         self._post_event = post_event
         self._post_error = post_error
+        # max.poll.interval.ms: `liveness` returns a mark that changes whenever the application consumes,
+        # or None while it waits inside poll(); a mark unchanged for longer means it stopped polling.
+        self._liveness = liveness
+        self._drop_assignment = drop_assignment
+        self._max_poll_interval = config["max.poll.interval.ms"] / 1000
+        self._progress_mark: Any = None
+        self._progress_at = time.monotonic()
         self.member_id = ""
         self.generation_id = -1
         self.protocol_name: str | None = None
@@ -147,6 +155,9 @@ class GroupMember:
     async def _run(self) -> None:
         while True:
             try:
+                if self.generation_id >= 0 and self._application_stalled():
+                    await self._leave_for_stalled_application()
+                    continue
                 if self._rejoin.is_set():
                     await self._rebalance()
                     continue
@@ -220,6 +231,38 @@ class GroupMember:
                 await self._heartbeat()
             except KafkaError as exc:
                 log.info("group %s: heartbeat while rebalancing: %s", self.group_id, exc)
+
+    def _application_stalled(self) -> bool:
+        if self._liveness is None:
+            return False
+        mark = self._liveness()
+        now = time.monotonic()
+        if mark is None or mark != self._progress_mark:
+            self._progress_mark = mark
+            self._progress_at = now
+            return False
+        return now - self._progress_at > self._max_poll_interval
+
+    async def _leave_for_stalled_application(self) -> None:
+        """Java's and librdkafka's rule: a member whose application stopped polling leaves, so its
+        partitions go to members that work; it rejoins when the application polls again."""
+        log.warning("group %s: no poll() for more than max.poll.interval.ms (%d ms); leaving the group",
+                    self.group_id, self._max_poll_interval * 1000)
+        lost, self.assigned = self.assigned, []
+        if self._drop_assignment is not None:
+            self._drop_assignment()  # what is buffered for those partitions is not handed out any more
+        if lost:
+            self._post_event(RebalanceEvent("lost", lost, asyncio.get_running_loop()))
+        self._post_error(KafkaError(
+            f"the application did not call poll() for more than max.poll.interval.ms "
+            f"({int(self._max_poll_interval * 1000)} ms): left group {self.group_id!r}, rejoining on the next poll"))
+        await self.leave()
+        mark = self._progress_mark
+        while self._liveness is not None and self._liveness() == mark:
+            await asyncio.sleep(self._heartbeat_interval)
+        self._progress_mark = None
+        self._progress_at = time.monotonic()
+        self._rejoin.set()
 
     async def _heartbeat_round(self) -> None:
         self._wake.clear()
