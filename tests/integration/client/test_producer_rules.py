@@ -206,12 +206,14 @@ def test_in_flight_20_through_sigkill_and_restart(broker_factory, topic_name):
                 break
             except BufferError:
                 p.poll(0.05)
-        if i % 100 == 0:
+        if i % 50 == 0:
             p.poll(0)
             time.sleep(0.01)  # spread the records over the kills
     killer.join()
     assert p.flush(60) == 0
+    stats = dict(p._core.sender.stats)
     p.close()
+    assert stats["retries"] > 0, f"the kills should have hit requests in flight: {stats}"
     assert reports.errors() == []
     got = ck_consume(bs, topic_name, {0: 0, 1: 0, 2: 0}, **{"metadata.recovery.strategy": "none"})
     values = [r.value.decode() for r in got]

@@ -102,6 +102,9 @@ class Sender:
         self._identity_task: asyncio.Task | None = None
         self._recoveries: set[tuple[str, int]] = set()
         self.loop: asyncio.AbstractEventLoop | None = None
+        # what the rules did, for tests and metrics
+        self.stats = {"requests": 0, "retries": 0, "duplicates": 0, "epoch_bumps": 0, "rebatched": 0,
+                      "unknown_producer": 0}
 
     # -- the loop -----------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -295,6 +298,7 @@ class Sender:
             self.txn.sequence_exhausted()
 
     async def _produce(self, node: int, conn: Any, request: dict[tuple[str, int], ProducerBatch]) -> None:
+        self.stats["requests"] += 1
         by_topic: dict[str, list[tuple[int, Any]]] = {}
         for (topic, partition), batch in request.items():
             batch.attempts += 1
@@ -358,6 +362,7 @@ class Sender:
             self._delivered(batch, p.base_offset, p.log_append_time)
             return
         if code == ErrorCode.DUPLICATE_SEQUENCE_NUMBER and self.idem is not None:
+            self.stats["duplicates"] += 1
             self._delivered(batch, -1, -1)  # already written, the broker no longer knows where
             return
         message = p.error_message
@@ -409,6 +414,7 @@ class Sender:
                 + (" — it may have been written" if batch.possibly_written else ""), reason.code)
             self._fail_batch_and_followers(batch, failure)
             return
+        self.stats["retries"] += 1
         batch.retry_at = now + min(self.backoff * (2 ** max(0, batch.attempts - 1)), self.backoff_max)
         if self.idem is None:
             self._retry_batches.setdefault(batch.tp, []).append(batch)
@@ -485,6 +491,7 @@ class Sender:
         risk a duplicate. Anything else is data loss: DataLossError for the partition's unresolved batches.
         """
         assert self.idem is not None
+        self.stats["unknown_producer"] += 1
         part = self.idem.partition(batch.tp)
         if batch.done or not part.unresolved:
             return
@@ -626,6 +633,7 @@ class Sender:
         self._report_culprits(batch, culprits)
         for b in tail[1:]:
             b.possibly_written = False  # cannot be in the log: `batch` never was, and it came first
+        self.stats["rebatched"] += 1
         part.next_seq = batch.base_sequence
         part.resend.extendleft(reversed(([remainder] if remainder is not None else []) + tail[1:]))
 
@@ -718,6 +726,7 @@ class Sender:
         if self.txn is not None:
             return  # the transaction manager owns the identity
         if self.idem.identity is not None and self.idem.bump_requested and self.idem.bump_local():
+            self.stats["epoch_bumps"] += 1
             log.info("idempotent producer bumped its epoch to %s", self.idem.identity)
             self.wake()
             return
