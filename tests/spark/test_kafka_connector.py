@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from oncelog.spark import register
 from tests.integration.helpers import Rec, create_topic, norm_headers
 from tests.spark.session import require_spark, start_session, stop_session
 from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions
@@ -154,3 +155,25 @@ def test_streaming_read_committed_available_now(kafka_spark, module_broker, topi
     got = sorted((Rec(r.partition, r.offset, r.key, r.value) for r in rows), key=lambda r: (r.partition, r.offset))
     assert got == committed
     assert len(batches) >= 3, f"maxOffsetsPerTrigger=7 over 26 offsets gave {len(batches)} batches"
+
+
+def test_oncelog_source_returns_the_same_rows_as_spark_kafka_source(kafka_spark, module_broker, topic_name):
+    """Same topic, same options: format("oncelog") and format("kafka") agree on every column of every row
+    (timestamps, timestamp types and headers included), and on the schema."""
+    register(kafka_spark)
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    write_transactions(bootstrap, topic_name, [
+        ("commit", records("h", 10, 2, with_headers=True)), ("abort", records("x", 4, 2)),
+        ("commit", records("n", 6, 2))], **{"compression.type": "lz4"})
+
+    def load(fmt: str):
+        return (kafka_spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap)
+                .option("subscribe", topic_name).option("includeHeaders", "true")
+                .option("kafka.isolation.level", "read_committed").load())
+
+    kafka_df, oncelog_df = load("kafka"), load("oncelog")
+    assert oncelog_df.schema.simpleString() == kafka_df.schema.simpleString()
+    expected = sorted(kafka_df.collect(), key=lambda r: (r.partition, r.offset))
+    assert len(expected) == 16
+    assert sorted(oncelog_df.collect(), key=lambda r: (r.partition, r.offset)) == expected
