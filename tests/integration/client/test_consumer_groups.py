@@ -350,3 +350,65 @@ def test_a_member_that_stops_polling_leaves_and_rejoins_when_it_polls_again(modu
     everything = seen["a"] + seen["b"]
     assert len(everything) == len(set(everything)), "a record was consumed twice"
     assert set(everything) == {(p, off) for p in range(PARTITIONS) for off in range(40)}
+
+
+def test_mixed_group_with_kafka_python_leader(module_broker, topic, topic_name):
+    """kafka-python joins first and leads: it must parse our subscription bytes; we parse its assignment."""
+    from kafka import KafkaConsumer
+
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 200)
+    kp = KafkaConsumer(topic, bootstrap_servers=module_broker.bootstrap, group_id=group,
+                       auto_offset_reset="earliest", heartbeat_interval_ms=200, session_timeout_ms=6000,
+                       auto_commit_interval_ms=200, fetch_max_wait_ms=100)
+    o = ours(module_broker.bootstrap, group)
+    seen: dict[str, Seen] = {"kafka-python": [], "ours": []}
+
+    class KpAdapter:
+        """poll()/assignment() in confluent-kafka's shape, over kafka-python's batch poll."""
+
+        def __init__(self) -> None:
+            self.pending: list[Any] = []
+
+        def poll(self, timeout: float) -> Any:
+            if not self.pending:
+                for records in kp.poll(timeout_ms=int(timeout * 1000)).values():
+                    self.pending.extend(records)
+            if not self.pending:
+                return None
+            r = self.pending.pop(0)
+            return _KpMsg(r.partition, r.offset)
+
+        def assignment(self) -> list[TopicPartition]:
+            return [TopicPartition(tp.topic, tp.partition) for tp in kp.assignment()]
+
+    try:
+        adapter = KpAdapter()
+        adapter.poll(0.5)  # kafka-python joins (and leads) first
+        o.subscribe([topic])
+        members: dict[str, Any] = {"kafka-python": adapter, "ours": o}
+        got = wait_assigned(members, split_evenly, seen)
+        assert got["ours"].isdisjoint(got["kafka-python"])
+        member = o._core.group
+        assert member.leader_id and member.leader_id != member.member_id, "kafka-python did not lead"
+        drain(members, seen, lambda: len(seen["ours"]) + len(seen["kafka-python"]) >= 200)
+    finally:
+        o.close()
+        kp.close()
+    everything = seen["ours"] + seen["kafka-python"]
+    assert len(everything) == len(set(everything)) == 200
+    assert {p for p, _ in seen["ours"]} == got["ours"]
+
+
+class _KpMsg:
+    def __init__(self, partition: int, offset: int) -> None:
+        self._p, self._o = partition, offset
+
+    def error(self) -> None:
+        return None
+
+    def partition(self) -> int:
+        return self._p
+
+    def offset(self) -> int:
+        return self._o

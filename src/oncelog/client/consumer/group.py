@@ -99,6 +99,7 @@ class GroupMember:
         self.member_id = ""
         self.generation_id = -1
         self.protocol_name: str | None = None
+        self.leader_id = ""
         self.topics: list[str] = []  # what we subscribe to now: literal names plus the current pattern matches
         self._literal: list[str] = []
         self._patterns: list[re.Pattern[str]] = []
@@ -358,6 +359,7 @@ class GroupMember:
         self.member_id = resp.member_id
         self.generation_id = resp.generation_id
         self.protocol_name = resp.protocol_name
+        self.leader_id = resp.leader
         assignments: list[dict[str, Any]] = []
         self._leader_counts = None
         if resp.leader == resp.member_id and not getattr(resp, "skip_assignment", False):
