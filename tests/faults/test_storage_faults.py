@@ -393,3 +393,20 @@ def test_batch_refused_by_a_failed_fsync_does_not_come_back_after_restart(broker
         assert resent.error_code == 0, resent
     values = [v for _, v in read_everything(broker.bootstrap, topic_name, 1)[0]]
     assert values == ["s0", "s1", "s2", "s3"], values
+
+
+def test_offline_partition_does_not_answer_a_retry_from_its_producer_cache(broker_factory, topic_name, tmp_path):
+    """The batch whose fsync failed is still in the producer-state cache, but it was cut off the log: a retry,
+    even with acks=1, gets 56, not the offset of a batch that is not there."""
+    trigger = FsyncTrigger(tmp_path / "fail-fsync")
+    broker = broker_factory(trigger.setting)
+    create_topic(broker.bootstrap, topic_name, 1)
+    pid, epoch = init_producer_id(broker.bootstrap)
+    batch = build_batch([(None, b"only")], producer_id=pid, producer_epoch=epoch, base_sequence=0)
+    with Wire(broker.bootstrap) as w:
+        trigger.arm()
+        assert produce_raw(w, topic_name, 0, batch, acks=1).error_code == 0  # acks=1: the page cache is enough
+        time.sleep(0.5)  # the flusher's round fails: offline, the tail cut
+        for acks in (1, -1):
+            retry = produce_raw(w, topic_name, 0, batch, acks=acks)
+            assert retry.error_code == KAFKA_STORAGE_ERROR, (acks, retry)

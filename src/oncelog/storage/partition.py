@@ -108,6 +108,10 @@ class Partition:
     def append_records(self, buf, header: BatchHeader, now_ms: int, log_append_time: bool,
                        transactional_id: str | None = None) -> AppendResult:
         """Check a validated client batch against producer state and append it, atomically."""
+        if self.log.offline_reason is not None:
+            # Before the duplicate check: a cached batch of an offline log may be one whose fsync failed and
+            # that was cut off, so even an acks=1 retry must not be answered with its offset.
+            return AppendResult(ErrorCode.KAFKA_STORAGE_ERROR, f"Log {self.name} is offline: {self.log.offline_reason}")
         check = self.producers.check(header)
         if check.ok and header.producer_id >= 0:
             open_txn = self.producers.open_transaction(header.producer_id)
