@@ -154,3 +154,55 @@ def test_offsets_committed_with_the_transaction(broker, topic_name):
     finally:
         consumer.close()
     assert tp.offset == 42, "the aborted transaction's offsets must not count"
+
+
+def test_exactly_once_copy_with_our_consumer(broker, topic_name):
+    """Consume, produce and commit the consumer's positions in one transaction (with its group metadata); an
+    aborted round is re-read from the committed offsets. The output holds every input record exactly once."""
+    from oncelog.client.consumer.consumer import Consumer
+
+    bs = broker.bootstrap
+    source, sink = f"{topic_name}-in", f"{topic_name}-out"
+    create_topic(bs, source, 1)
+    create_topic(bs, sink, 1)
+    feeder = Producer({"bootstrap.servers": bs})
+    for i in range(30):
+        feeder.produce(source, f"m{i}", partition=0)
+    assert feeder.flush(15) == 0
+    feeder.close()
+    group = f"g-{topic_name}"
+    consumer = Consumer({"bootstrap.servers": bs, "group.id": group, "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest"})
+    p = txn_producer(bs, f"tx-{topic_name}")
+    try:
+        consumer.subscribe([source])
+        copied = 0
+        rounds = 0
+        while copied < 30:
+            rounds += 1
+            assert rounds < 50, "the copy does not make progress"
+            msgs = [m for m in consumer.consume(10, timeout=5) if m.error() is None]
+            if not msgs:
+                continue
+            p.begin_transaction()
+            for m in msgs:
+                p.produce(sink, m.value(), partition=0)
+            p.send_offsets_to_transaction(consumer.position(consumer.assignment()),
+                                          consumer.consumer_group_metadata(), 15)
+            if rounds == 2:  # one failed round: abort, go back to the committed offsets
+                p.abort_transaction(15)
+                for tp in consumer.committed(consumer.assignment(), timeout=15):
+                    consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
+                continue
+            p.commit_transaction(15)
+            copied += len(msgs)
+    finally:
+        consumer.close()
+        p.close()
+    assert committed_values(bs, sink) == [f"m{i}".encode() for i in range(30)]
+    checker = CKConsumer({"bootstrap.servers": bs, "group.id": group, "enable.auto.commit": False})
+    try:
+        (tp,) = checker.committed([CKTopicPartition(source, 0)], timeout=15)
+    finally:
+        checker.close()
+    assert tp.offset == 30

@@ -151,7 +151,9 @@ class _Core:
                 await asyncio.wait_for(asyncio.shield(self._task), timeout)
             except TimeoutError:
                 self._task.cancel()
-            self.sender.fail_queued(KafkaError("the producer was closed"))
+            closed = KafkaError("the producer was closed before the record was delivered")
+            self.sender.fail_queued(closed)
+            self.sender.fail_unresolved(closed)
             await self.sender.close()
         await self.cluster.close()
 
@@ -429,6 +431,16 @@ class Producer:
             self._runtime.run(txn.abort(self._core.abort_drain_async, self._timeout(timeout)))
         finally:
             self.poll(0)
+
+    def transaction_identity(self) -> tuple[int, int] | None:
+        """(producer id, epoch) the producer writes with now; None before it has one.
+
+        Lets another process finish a transaction this producer prepared (EndTxn names the transaction by
+        transactional id, producer id and epoch): the Spark sink commits its tasks' transactions on the driver.
+        """
+        idem = self._core.idem
+        ident = idem.identity if idem is not None else None
+        return None if ident is None else (ident.producer_id, ident.epoch)
 
     # -- end ----------------------------------------------------------------------------------------------------
     def close(self, timeout: float | None = None) -> int:

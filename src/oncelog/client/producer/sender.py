@@ -707,6 +707,15 @@ class Sender:
                 batch.done = True
                 self.complete(batch, -1, -1, error, None)
 
+    def fail_unresolved(self, error: KafkaError) -> None:
+        """At close: every batch still waiting for an answer is reported failed (its fate stays unknown)."""
+        if self.idem is not None:
+            for part in self.idem.partitions.values():
+                for b in part.fail_from(part.unresolved[0]) if part.unresolved else []:
+                    if not b.done:
+                        b.done = True
+                        self.complete(b, -1, -1, error, None)
+
     def _fail_everything(self, error: KafkaError) -> None:
         self.fail_queued(error)
         if self.idem is not None:
