@@ -132,9 +132,12 @@ def test_mixed_group_with_librdkafka_consumes_each_record_once(module_broker, to
         order = [("ours", o), ("librdkafka", t)] if first == "ours" else [("librdkafka", t), ("ours", o)]
         for _, c in order:
             c.subscribe([topic])
+            assert c.poll(1.0) is None  # its JoinGroup is sent (and waits out the group's initial delay)
         members = dict(order)
         got = wait_assigned(members, split_evenly, seen)
         assert got["ours"].isdisjoint(got["librdkafka"])
+        member = o._core.group
+        assert (member.leader_id == member.member_id) == (first == "ours"), "the first to join did not lead"
         drain(members, seen, lambda: len(seen["ours"]) + len(seen["librdkafka"]) >= 400)
         # librdkafka leaves: ours takes everything and reads what comes next, from the committed offsets
         t.close()
