@@ -335,3 +335,22 @@ def test_prefetch_keeps_one_more_fetch_ready_and_no_more(module_broker, topic):
             time.sleep(0.02)
     finally:
         c.close()
+
+
+def test_incremental_assign_and_unassign_leave_other_partitions_alone(module_broker, topic):
+    for p in range(3):
+        _fill(module_broker.bootstrap, topic, 10, partition=p)
+    c = consumer(module_broker.bootstrap, **{"enable.partition.eof": False})
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        assert [c.poll(10).offset() for _ in range(4)] == [0, 1, 2, 3]
+        c.incremental_assign([TopicPartition(topic, 1, 7)])
+        got = sorted((m.partition(), m.offset()) for m in (c.poll(10) for _ in range(9)))
+        assert got == [(0, o) for o in range(4, 10)] + [(1, 7), (1, 8), (1, 9)]  # p0 went on from 4
+        c.incremental_unassign([TopicPartition(topic, 0)])
+        assert sorted(tp.partition for tp in c.assignment()) == [1]
+        c.incremental_assign([TopicPartition(topic, 2, OFFSET_BEGINNING)])
+        assert [(m.partition(), m.offset()) for m in (c.poll(10) for _ in range(10))] == [(2, o) for o in range(10)]
+        assert c.poll(0.5) is None
+    finally:
+        c.close()

@@ -135,6 +135,13 @@ class _Core:
         await self.start()
         self.fetcher.assign([((tp.topic, tp.partition), *_start_rule(tp.offset)) for tp in partitions])
 
+    async def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        await self.start()
+        self.fetcher.add([((tp.topic, tp.partition), *_start_rule(tp.offset)) for tp in partitions])
+
+    async def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        self.fetcher.remove([(tp.topic, tp.partition) for tp in partitions])
+
     async def seek(self, tp: TopicPartition) -> None:
         self.fetcher.seek((tp.topic, tp.partition), *_start_rule(tp.offset))
 
@@ -553,6 +560,15 @@ class Consumer(_Application):
         self._assign_called = True
         self._run(self._core.assign([]))
 
+    def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        """Add partitions to the assignment without touching the positions of the others."""
+        self._assign_called = True
+        self._run(self._core.incremental_assign(list(partitions)))
+
+    def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        self._assign_called = True
+        self._run(self._core.incremental_unassign(list(partitions)))
+
     def seek(self, partition: TopicPartition) -> None:
         """Next poll() returns `partition.offset` (or OFFSET_BEGINNING / OFFSET_END / OFFSET_STORED)."""
         self._run(self._core.seek(partition))
@@ -750,6 +766,14 @@ class AsyncConsumer(_Application):
     async def unassign(self) -> None:
         self._assign_called = True
         await self._core.assign([])
+
+    async def incremental_assign(self, partitions: list[TopicPartition]) -> None:
+        self._assign_called = True
+        await self._core.incremental_assign(list(partitions))
+
+    async def incremental_unassign(self, partitions: list[TopicPartition]) -> None:
+        self._assign_called = True
+        await self._core.incremental_unassign(list(partitions))
 
     async def seek(self, partition: TopicPartition) -> None:
         await self._core.seek(partition)

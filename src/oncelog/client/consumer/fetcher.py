@@ -229,6 +229,26 @@ class Fetcher:
         self.wake()
         return list(new.values())
 
+    def add(self, partitions: Iterable[tuple[TP, int | None, str]]) -> None:
+        """Add to the assignment; a partition already assigned is repositioned, the others are untouched."""
+        new = dict(self.states)
+        for tp, offset, reset in partitions:
+            state = new.get(tp) or PartitionState(*tp)
+            state.seek(offset, reset)
+            new[tp] = state
+        self.states = new
+        self._metadata_stale = True
+        self.wake()
+
+    def remove(self, tps: Iterable[TP]) -> None:
+        new = dict(self.states)
+        for tp in tps:
+            state = new.pop(tp, None)
+            if state is not None:
+                state.version += 1  # stale: drops its chunks and in-flight data
+        self.states = new
+        self.wake()
+
     def seek(self, tp: TP, offset: int | None, reset: str) -> None:
         state = self.states.get(tp)
         if state is None:
