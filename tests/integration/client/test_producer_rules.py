@@ -12,6 +12,7 @@ import shutil
 import threading
 import time
 
+from tests.faults.proxy import FaultProxy
 from tests.integration.client.producer_support import (
     Reports,
     data_values,
@@ -224,3 +225,35 @@ def test_in_flight_20_through_sigkill_and_restart(broker_factory, topic_name):
         assert seq == sorted(seq), f"records of {key!r} out of order"
         assert all(r.partition == part for r in got if r.key == key)
     assert stop.is_set()
+
+
+def test_a_possibly_written_batch_is_not_resent_under_a_new_epoch(broker_factory, topic_name):
+    """Seed 000: batch B is written, its answer is lost (the connection dies), and before the retry arrives the
+    broker forgets the idle producer. The retry gets UNKNOWN_PRODUCER_ID; resending B from sequence 0 under a new
+    epoch would write it twice. The producer finds B in the log after its last acknowledged offset instead and
+    reports it delivered there: the log holds every record once."""
+    proxy = FaultProxy(upstream_port=0).start()
+    try:
+        broker = broker_factory({**EXPIRY, "advertised.listeners": proxy.address})
+        proxy.upstream_port = broker.port
+        direct = broker.bootstrap
+        create_topic(direct, topic_name, 1)
+        p = producer(proxy.address, batch_num_messages=5, retry_backoff_ms=200, retry_backoff_max_ms=500)
+        reports = Reports()
+        produce_values(p, topic_name, [f"a{i}" for i in range(5)], reports)
+        proxy.set_mode("lose_responses")
+        for i in range(5):
+            p.produce(topic_name, f"b{i}", partition=0, on_delivery=reports)
+        wait_until(lambda: high_watermark(direct, topic_name) == 10, what="batch B in the log")
+        wait_forgotten(direct, topic_name)
+        proxy.set_mode("pass")
+        assert p.flush(30) == 0
+        stats = dict(p._core.sender.stats)
+        p.close()
+    finally:
+        proxy.stop()
+    assert reports.errors() == []
+    assert sorted(m.offset() for m in reports.delivered()) == list(range(10))
+    assert data_values(log_batches(direct, topic_name)) == \
+        [f"a{i}".encode() for i in range(5)] + [f"b{i}".encode() for i in range(5)]
+    assert stats["unknown_producer"] >= 1, stats
