@@ -257,3 +257,39 @@ def test_a_possibly_written_batch_is_not_resent_under_a_new_epoch(broker_factory
     assert data_values(log_batches(direct, topic_name)) == \
         [f"a{i}".encode() for i in range(5)] + [f"b{i}".encode() for i in range(5)]
     assert stats["unknown_producer"] >= 1, stats
+
+
+def test_a_failed_batch_fails_the_sequenced_batches_behind_it(broker_factory, topic_name):
+    """KIP-360: a batch that fails for good (here MESSAGE_TOO_LARGE) takes every later batch of its partition
+    that already has a sequence with it — they can never be written without it — and the producer moves to a
+    new epoch, so records produced afterwards are delivered. (The proxy delays every chunk, so all four batches
+    are in flight before the first answer.)"""
+    proxy = FaultProxy(upstream_port=0).start()
+    try:
+        broker = broker_factory({"advertised.listeners": proxy.address})
+        proxy.upstream_port = broker.port
+        direct = broker.bootstrap
+        create_topic(direct, topic_name, 1, {"max.message.bytes": "2000"})
+        p = producer(proxy.address, batch_num_messages=1, linger_ms=0)
+        p.produce(topic_name, "warm", partition=0)
+        assert p.flush(15) == 0
+        proxy.set_mode("delay", 0.2)
+        reports = Reports()
+        for v in ["r1", "B" * 3000, "r3", "r4"]:
+            p.produce(topic_name, v, partition=0, on_delivery=reports)
+        assert p.flush(30) == 0
+        proxy.set_mode("pass")
+        after = Reports()
+        produce_values(p, topic_name, ["r5", "r6"], after)
+        p.close()
+    finally:
+        proxy.stop()
+    seen = {m.value()[:2]: e for e, m in reports.items}
+    assert seen[b"r1"] is None
+    assert seen[b"BB"] is not None and seen[b"BB"].code == 10, seen[b"BB"]
+    for v in (b"r3", b"r4"):
+        assert seen[v] is not None and seen[v].code == 10 and "earlier batch" in seen[v].message, seen[v]
+    assert after.errors() == []
+    batches = log_batches(direct, topic_name)
+    assert data_values(batches) == [b"warm", b"r1", b"r5", b"r6"]
+    assert [(b.producer_epoch, b.base_sequence) for b in batches] == [(0, 0), (0, 1), (1, 0), (1, 1)]
