@@ -8,6 +8,9 @@ by backlog and never stall a partition, new partitions start at 0, going backwar
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pyarrow as pa
 import pytest
@@ -132,3 +135,13 @@ def test_record_batch_matches_spark_kafka_schema():
     assert plain.schema == arrow_schema(False) and plain.column("timestampType").to_pylist() == [0, 0]
     assert to_record_batch("topic", 3, [], include_headers=False).num_rows == 0
     assert spark_ddl(True).endswith("headers array<struct<key: string, value: binary>>")
+
+
+def test_importing_oncelog_spark_points_spark_workers_at_this_interpreter():
+    code = "import os, oncelog.spark; print(os.environ['PYSPARK_PYTHON'])"
+    env = {k: v for k, v in os.environ.items() if k != "PYSPARK_PYTHON"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == sys.executable
+    env["PYSPARK_PYTHON"] = "/chosen/by/the/user"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "/chosen/by/the/user"

@@ -1,13 +1,16 @@
 """PySpark data sources for oncelog: `format("oncelog")` reads topics in batch and streaming queries.
 
-    from oncelog.spark import register
-    register(spark)
+    import oncelog.spark                  # before the SparkSession is built: workers use this interpreter
+    spark = SparkSession.builder.getOrCreate()
     df = spark.read.format("oncelog").option("kafka.bootstrap.servers", "127.0.0.1:9092") \\
         .option("subscribe", "events").load()
 
-Spark's Python workers must run an interpreter that has oncelog and pyarrow installed; `register` points
-`PYSPARK_PYTHON` at the current interpreter unless it is already set (it only affects workers started after
-the SparkContext reads it, so call it, or set the variable, before building the session when you can).
+Spark's Python workers must run an interpreter that has oncelog and pyarrow installed, and PySpark picks the
+workers' interpreter from `PYSPARK_PYTHON` when the SparkContext starts (the system `python3` otherwise).
+Importing this package sets `PYSPARK_PYTHON` to the current interpreter unless it is already set, so a driver
+started from the project's venv gets workers from the same venv. PySpark finds the format by itself
+(`pyspark_oncelog.DefaultSource`); `register(spark)` registers it explicitly, for Python paths where that
+discovery does not run.
 """
 
 from __future__ import annotations
@@ -28,5 +31,7 @@ def use_this_python() -> None:
 
 def register(spark: Any) -> None:
     """Register format "oncelog" in `spark` (a SparkSession)."""
-    use_this_python()
     spark.dataSource.register(OncelogDataSource)
+
+
+use_this_python()
