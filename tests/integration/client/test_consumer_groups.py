@@ -415,3 +415,31 @@ class _KpMsg:
 
     def offset(self) -> int:
         return self._o
+
+
+def test_on_assign_can_choose_the_starting_offsets(module_broker, topic, topic_name):
+    """confluent-kafka's idiom: on_assign sets offsets and calls assign() itself; that assignment is used."""
+    from oncelog.client.types import OFFSET_BEGINNING
+
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 40)
+    setup = ours(module_broker.bootstrap, group)
+    try:
+        setup.commit(offsets=[TopicPartition(topic, p, 8) for p in range(PARTITIONS)])
+    finally:
+        setup.close()
+
+    def rewind(consumer: Consumer, parts: list[TopicPartition]) -> None:
+        for tp in parts:
+            tp.offset = OFFSET_BEGINNING if tp.partition == 0 else 9
+        consumer.assign(parts)
+
+    c = ours(module_broker.bootstrap, group, **{"enable.auto.commit": False})
+    seen: dict[str, Seen] = {"c": []}
+    try:
+        c.subscribe([topic], on_assign=rewind)
+        drain({"c": c}, seen, lambda: len(seen["c"]) >= 10 + 3 * 1)
+        assert c.poll(0.5) is None
+    finally:
+        c.close()
+    assert sorted(seen["c"]) == [(0, o) for o in range(10)] + [(p, 9) for p in (1, 2, 3)]
