@@ -2,19 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from tests.spark.session import start_session, stop_session
-
-if importlib.util.find_spec("pyspark") is None or importlib.util.find_spec("pyarrow") is None:
-    # The modules import pyspark/pyarrow at the top; without the `spark` extra they are not collected at all,
-    # and the session header says why.
-    collect_ignore_glob = ["test_*.py"]
-
-    def pytest_report_header(config):
-        return "tests/spark not collected: the `spark` extra is not installed (pip install -e '.[dev,spark]')"
 
 
 @pytest.fixture(scope="module")

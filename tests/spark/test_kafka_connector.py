@@ -17,10 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from oncelog.spark import register
-from tests.integration.helpers import Rec, create_topic, norm_headers
-from tests.spark.session import require_spark, start_session, stop_session
-from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions
+pytest.importorskip("pyspark", reason="the Spark tests need the `spark` extra: pip install -e '.[dev,spark]'")
+
+from oncelog.spark import register  # noqa: E402
+from tests.integration.helpers import Rec, create_topic, norm_headers  # noqa: E402
+from tests.spark.session import require_spark, start_session, stop_session  # noqa: E402
+from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions  # noqa: E402
 
 POM = Path(__file__).parent / "kafka_connector" / "pom.xml"
 RESOLVE_TIMEOUT_S = 600

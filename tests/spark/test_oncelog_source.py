@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from oncelog.client.admin import Admin
-from oncelog.spark import register
-from tests.integration.helpers import Rec, create_topic, norm_headers
-from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions
+pytest.importorskip("pyspark", reason="the Spark tests need the `spark` extra: pip install -e '.[dev,spark]'")
+
+from oncelog.client.admin import Admin  # noqa: E402
+from oncelog.spark import register  # noqa: E402
+from tests.integration.helpers import Rec, create_topic, norm_headers  # noqa: E402
+from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions  # noqa: E402
 
 KAFKA_SCHEMA = ("key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
                 "timestampType int")

@@ -12,13 +12,14 @@ import os
 import subprocess
 import sys
 
-import pyarrow as pa
 import pytest
 
-from oncelog.client.types import message_class
-from oncelog.spark.offsets import DataLoss, OffsetRange, from_json, limit, plan, resolve, to_json, vanished
-from oncelog.spark.options import OptionError, parse_read_options
-from oncelog.spark.schema import arrow_schema, spark_ddl, to_record_batch
+pa = pytest.importorskip("pyarrow", reason="the Spark tests need the `spark` extra: pip install -e '.[dev,spark]'")
+
+from oncelog.client.types import message_class  # noqa: E402
+from oncelog.spark.offsets import DataLoss, OffsetRange, from_json, limit, plan, resolve, to_json, vanished  # noqa: E402
+from oncelog.spark.options import OptionError, parse_read_options  # noqa: E402
+from oncelog.spark.schema import arrow_schema, spark_ddl, to_record_batch  # noqa: E402
 
 BOOT = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
 
