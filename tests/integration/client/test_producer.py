@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 from tests.integration.client.producer_support import Reports, data_values, log_batches, producer
@@ -161,3 +162,23 @@ def test_async_producer(module_broker, topic_name):
     assert [(m.partition(), m.offset()) for m in reports] == [(part, i + 1) for i in range(50)]
     got = ck_consume(bs, topic_name, {part: 0})
     assert [r.value for r in got] == [b"one"] + [f"{i}".encode() for i in range(50)]
+
+
+def test_a_lone_record_goes_out_after_linger_ms(module_broker, topic_name):
+    """Nothing else arrives to fill the batch: the sender must wake when linger.ms is up, not at some later
+    housekeeping tick."""
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 1)
+    p = producer(bs, linger_ms=20)
+    p.produce(topic_name, b"warm")
+    assert p.flush(15) == 0
+    latencies = []
+    for _ in range(10):
+        done: list[int] = []
+        started = time.monotonic()
+        p.produce(topic_name, b"x", on_delivery=lambda err, msg, done=done: done.append(1))
+        while not done:
+            p.poll(0.001)
+        latencies.append(time.monotonic() - started)
+    p.close()
+    assert sorted(latencies)[5] < 0.3, latencies

@@ -175,6 +175,9 @@ class Sender:
         plan: dict[int, list[tuple[str, int]]] = {}
         with self.acc.lock:
             candidates = set(self.acc.partitions())
+            for tp in candidates:  # a lingering batch: look again when its linger.ms is up
+                if self.acc.head_ready(tp, now)[0] is None:
+                    due = min(due, self.acc.head_ready(tp, now)[1])
         candidates.update(self._retry_batches)
         if self.idem is not None:
             candidates.update(tp for tp, p in self.idem.partitions.items() if p.resend or p.retry_pending())
@@ -315,9 +318,8 @@ class Sender:
                 return
             results = codecs.decode_produce_response(version, answer)
         except KafkaError as exc:
-            error = exc if exc.retriable else exc
             for batch in request.values():
-                self._on_request_failed(batch, error)
+                self._on_request_failed(batch, exc)
             return
         except Exception as exc:  # a malformed answer: we cannot know what the broker did
             for batch in request.values():
