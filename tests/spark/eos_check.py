@@ -27,10 +27,16 @@ class Verdict(NamedTuple):
         return not self.duplicates and not self.missing and not self.unexpected
 
 
-def write_input(bootstrap: str, topic: str, count: int, partitions: int = 2) -> list[tuple[bytes, bytes]]:
-    """`count` records (key k<i>, value v<i>) spread over the topic's partitions; returns (key, value) pairs."""
+def write_input(bootstrap: str, topic: str, count: int, partitions: int = 2, pad: int = 0) -> list[tuple[bytes, bytes]]:
+    """`count` records (key k<i>, value v<i>|, then `pad` bytes) spread over the topic's partitions, record i in
+    partition i % partitions; returns the (key, value) pairs.
+
+    Padding matters to fault tests: Spark moves rows between the JVM and Python workers through 64 KiB
+    buffers, so a fault after a few small rows strikes before the sink has seen any of them.
+    """
     create_topic(bootstrap, topic, partitions=partitions)
-    outs = [Out(i % partitions, f"k{i}".encode(), f"v{i}".encode()) for i in range(count)]
+    filler = b"x" * pad
+    outs = [Out(i % partitions, f"k{i}".encode(), f"v{i}|".encode() + filler) for i in range(count)]
     ck_produce(bootstrap, topic, outs)
     return [(o.key, o.value) for o in outs]
 

@@ -12,9 +12,10 @@ import pyarrow as pa
 import pytest
 
 from oncelog.client import Producer
+from oncelog.client.errors import KafkaError
 from oncelog.spark import register
 from oncelog.spark.options import OptionError
-from oncelog.spark.sink import OncelogStreamWriter, SinkCommit, write_partition
+from oncelog.spark.sink import OncelogStreamWriter, SinkCommit, finish, write_partition
 from oncelog.spark.sink_rows import check_schema
 from oncelog.spark.txn_ids import marker_group, transactional_id
 from oncelog.spark.write_options import parse_write_options
@@ -111,36 +112,53 @@ def _batches(values: list[bytes]) -> iter:
 
 
 def test_a_batch_written_twice_is_written_once(module_broker, topic_name):
-    """The task-side write for (sink, partition, batch) run twice: the second finds the marker and skips."""
+    """The task-side write for (sink, partition, batch) run again after the driver committed it: the second
+    finds the marker and writes nothing. Before the driver's commit nothing of it is visible."""
     bootstrap = module_broker.bootstrap
     create_topic(bootstrap, topic_name)
     options = parse_write_options({"kafka.bootstrap.servers": bootstrap, "topic": topic_name})
     batch3 = [f"b3-{i}".encode() for i in range(12)]
     first = write_partition(options, "twice", "query-1", 3, 0, _batches(batch3))
-    assert first == SinkCommit("twice", 0, 3, 12, skipped=False)
-    again = write_partition(options, "twice", "query-1", 3, 0, _batches(batch3))
-    assert again.skipped and again.rows == 0
-    older = write_partition(options, "twice", "query-1", 2, 0, _batches([b"never"] * 10))
-    assert older.skipped
+    assert (first.rows, first.skipped, first.transactional_id) == (12, False, transactional_id("twice", 0))
+    assert read_values(bootstrap, topic_name, 1) == [] and not nothing_pending(bootstrap, topic_name, 1)
+    finish(options, [first], "batch 3")
+    finish(options, [first], "batch 3")  # Spark may run commit(N) twice: harmless
     assert sorted(read_values(bootstrap, topic_name, 1)) == sorted(batch3)
 
+    again = write_partition(options, "twice", "query-1", 3, 0, _batches(batch3))
+    assert again.skipped and again.rows == 0 and not again.prepared
+    older = write_partition(options, "twice", "query-1", 2, 0, _batches([b"never"] * 10))
+    assert older.skipped
+    finish(options, [again, older], "replays")
+    assert sorted(read_values(bootstrap, topic_name, 1)) == sorted(batch3)
+
+    # A prepared batch that the driver never committed (it died) is replaced by its replay.
     batch4 = [f"b4-{i}".encode() for i in range(7)]
-    assert not write_partition(options, "twice", "query-1", 4, 0, _batches(batch4)).skipped
+    lost = write_partition(options, "twice", "query-1", 4, 0, _batches(batch4))
+    replay = write_partition(options, "twice", "query-1", 4, 0, _batches(batch4))
+    assert replay.prepared and replay.epoch > lost.epoch
+    with pytest.raises(KafkaError):
+        finish(options, [lost], "batch 4 of the dead driver")  # fenced by the replay: it cannot commit
+    finish(options, [replay], "batch 4")
     # A new query reusing the sink id (a new checkpoint) starts its batch ids afresh: not skipped.
     fresh = [f"q2-{i}".encode() for i in range(6)]
-    assert not write_partition(options, "twice", "query-2", 0, 0, _batches(fresh)).skipped
+    finish(options, [write_partition(options, "twice", "query-2", 0, 0, _batches(fresh))], "batch 0")
     assert sorted(read_values(bootstrap, topic_name, 1)) == sorted(batch3 + batch4 + fresh)
+    assert nothing_pending(bootstrap, topic_name, 1)
     # Empty partitions touch nothing.
     assert write_partition(options, "twice", "query-2", 1, 5, iter([])) == SinkCommit("twice", 5, 1, 0)
 
 
-def test_abort_fences_the_partitions_that_failed(module_broker, topic_name):
-    """A failed task's open transaction pins the last stable offset until abort() fences its transactional id."""
+def test_abort_ends_prepared_transactions_and_fences_the_silent_partitions(module_broker, topic_name):
+    """abort(N): partitions that prepared are aborted, partitions that reported nothing (their task died with
+    a transaction open) are fenced, and a partition committed before (a commit(N) that failed later) stays."""
     bootstrap = module_broker.bootstrap
     create_topic(bootstrap, topic_name)
     options = parse_write_options({"kafka.bootstrap.servers": bootstrap, "topic": topic_name,
                                    "transaction.timeout.ms": "600000"})
-    done = write_partition(options, "fence", "q", 0, 0, _batches([f"ok-{i}".encode() for i in range(10)]))
+    committed = write_partition(options, "fence", "q", 0, 0, _batches([f"ok-{i}".encode() for i in range(10)]))
+    finish(options, [committed], "batch 0, partition 0")
+    prepared = write_partition(options, "fence", "q", 0, 2, _batches([f"prep-{i}".encode() for i in range(10)]))
     zombie = Producer({"bootstrap.servers": bootstrap, "transactional.id": transactional_id("fence", 1)})
     zombie.init_transactions()
     zombie.begin_transaction()
@@ -149,7 +167,7 @@ def test_abort_fences_the_partitions_that_failed(module_broker, topic_name):
     assert zombie.flush(30) == 0
     assert not nothing_pending(bootstrap, topic_name, 1)
 
-    OncelogStreamWriter(options).abort([done, None], 0)
+    OncelogStreamWriter(options).abort([committed, None, prepared], 0)
     assert nothing_pending(bootstrap, topic_name, 1)
     assert sorted(read_values(bootstrap, topic_name, 1)) == sorted(f"ok-{i}".encode() for i in range(10))
     with pytest.raises(Exception, match="(?i)fenced|epoch"):

@@ -53,16 +53,17 @@ def _admin(options: WriteOptions) -> Admin:
                   lambda: Admin(ClientConfig(conf, "admin")))
 
 
-def _offsets(options: WriteOptions) -> tuple[OffsetClient, ClientConfig]:
+def sink_cluster(options: WriteOptions) -> tuple[Cluster, ClientConfig]:
+    """The process's cluster view for marker reads and the driver's EndTxn requests (kept across tasks)."""
     conf = options.admin_config()
 
-    def make() -> tuple[OffsetClient, ClientConfig]:
+    def make() -> tuple[Cluster, ClientConfig]:
         config = ClientConfig(conf, "admin")
         cluster = Cluster(config)
         get_runtime().run(cluster.bootstrap())
-        return OffsetClient(cluster, config["request.timeout.ms"] / 1000, config["retry.backoff.ms"] / 1000), config
+        return cluster, config
 
-    return cached(("oncelog.spark.sink-offsets", tuple(sorted(conf.items()))), make)
+    return cached(("oncelog.spark.sink-cluster", tuple(sorted(conf.items()))), make)
 
 
 def ensure_marker_topic(options: WriteOptions) -> None:
@@ -87,7 +88,8 @@ def marker_position(options: WriteOptions, batch_id: int, query_id: str, rows: i
 
 def read_marker(options: WriteOptions, group: str) -> Marker:
     """The newest committed marker of `group`; waits while a transaction that commits it is open."""
-    client, config = _offsets(options)
+    cluster, config = sink_cluster(options)
+    client = OffsetClient(cluster, config["request.timeout.ms"] / 1000, config["retry.backoff.ms"] / 1000)
     tp = (options.marker_topic, MARKER_PARTITION)
     timeout = max(60.0, 2 * config["request.timeout.ms"] / 1000)
     committed = get_runtime().run(client.fetch_committed(group, [tp], timeout=timeout, require_stable=True),
