@@ -250,3 +250,16 @@ def test_reads_survive_a_broker_restart_between_queries(oncelog_spark, broker_fa
     assert rows_to_recs(batch(oncelog_spark, bootstrap, topic_name).collect(), topic_name) == by_offset(first + second)
     stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint)
     assert rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name) == by_offset(first + second)
+
+
+def test_stream_subscribed_to_a_topic_that_does_not_exist_yet(oncelog_spark, module_broker, topic_name, tmp_path):
+    """A stream may start before its topic exists (subscribe, as with Spark's Kafka source): nothing to read,
+    then everything from offset 0 once the topic appears."""
+    bootstrap = module_broker.bootstrap
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    progress = stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint, startingOffsets="latest")
+    assert progress == []
+    create_topic(bootstrap, topic_name, partitions=2)
+    committed = write_transactions(bootstrap, topic_name, [("commit", records("late", 6, 2))])
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint, startingOffsets="latest")
+    assert rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name) == committed
