@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from oncelog.client.cluster import Cluster
 from oncelog.client.config import ClientConfig
 from oncelog.client.consumer.fetcher import (
     MAX_BUFFERED_CHUNKS,
@@ -37,6 +38,7 @@ from oncelog.client.consumer.offsets import (
     OffsetClient,
 )
 from oncelog.client.errors import KafkaError
+from oncelog.client.runtime import get_runtime
 from oncelog.client.types import (
     OFFSET_BEGINNING,
     OFFSET_END,
@@ -67,8 +69,6 @@ class _Core:
     """The loop side: cluster, fetcher, offsets and group member, used through coroutines."""
 
     def __init__(self, config: ClientConfig, feed: _Feed) -> None:
-        from oncelog.client.cluster import Cluster
-
         self.config = config
         self.group_id: str | None = config["group.id"]
         self.read_committed = config["isolation.level"] == "read_committed"
@@ -410,8 +410,6 @@ class Consumer(_Application):
     """A Kafka consumer with confluent-kafka's API: `Consumer({"bootstrap.servers": ..., "group.id": ...})`."""
 
     def __init__(self, conf: Mapping[str, Any] | ClientConfig) -> None:
-        from oncelog.client.runtime import get_runtime
-
         super().__init__(conf)
         self._rt = get_runtime()
         self._rt.run(self._core.start())
