@@ -119,9 +119,10 @@ def test_log_append_time_topic(module_broker, topic_name):
 # -- transactions ---------------------------------------------------------------------------------------
 
 
-def _transactional_history(bootstrap: str, topic: str) -> None:
+def _transactional_history(bootstrap: str, topic: str, codec: str = "none") -> None:
     """p0: committed a0 a1, aborted x0 x1, committed a2; plain records interleaved on p1. Markers take offsets."""
-    p = CKProducer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-txn", "linger.ms": 5})
+    p = CKProducer({"bootstrap.servers": bootstrap, "transactional.id": f"{topic}-txn", "linger.ms": 5,
+                    "compression.type": codec})
     p.init_transactions(15)
     p.begin_transaction()
     p.produce(topic, b"a0", partition=0)
@@ -142,8 +143,9 @@ def values(recs: list[Rec]) -> list[tuple[int, int, bytes | None]]:
     return [(r.partition, r.offset, r.value) for r in recs]
 
 
-def test_read_committed_and_read_uncommitted_see_exactly_their_records(module_broker, topic):
-    _transactional_history(module_broker.bootstrap, topic)
+@pytest.mark.parametrize("codec", ["none", "zstd"])
+def test_read_committed_and_read_uncommitted_see_exactly_their_records(module_broker, topic, codec):
+    _transactional_history(module_broker.bootstrap, topic, codec)
     seen = {}
     for level in ("read_committed", "read_uncommitted"):
         c = consumer(module_broker.bootstrap, **{"isolation.level": level})
