@@ -443,3 +443,28 @@ def test_on_assign_can_choose_the_starting_offsets(module_broker, topic, topic_n
     finally:
         c.close()
     assert sorted(seen["c"]) == [(0, o) for o in range(10)] + [(p, 9) for p in (1, 2, 3)]
+
+
+def test_a_fenced_static_member_gets_a_fatal_error_and_gives_its_partitions_up(module_broker, topic, topic_name):
+    group = f"g-{topic_name}"
+    produce(module_broker.bootstrap, topic, 0, 20)
+    lost: list[list[int]] = []
+    a = ours(module_broker.bootstrap, group, **{"group.instance.id": "same"})
+    b = ours(module_broker.bootstrap, group, **{"group.instance.id": "same"})
+    seen: dict[str, Seen] = {"a": [], "b": []}
+    try:
+        a.subscribe([topic], on_lost=lambda consumer, parts: lost.append(sorted(tp.partition for tp in parts)))
+        wait_assigned({"a": a}, lambda g: g["a"] == set(range(PARTITIONS)), seen)
+        b.subscribe([topic])  # same instance id: the coordinator gives a's place to b
+        wait_assigned({"b": b}, lambda g: g["b"] == set(range(PARTITIONS)), seen)
+        deadline = time.monotonic() + 20
+        while True:
+            assert time.monotonic() < deadline, "a was never told it was fenced"
+            m = a.poll(0.2)
+            if m is not None and m.error() is not None:
+                break
+        assert m.error().code == 82 and m.error().fatal  # FENCED_INSTANCE_ID
+        assert lost == [list(range(PARTITIONS))] and a.assignment() == []
+    finally:
+        a.close()
+        b.close()

@@ -167,6 +167,7 @@ class GroupMember:
                 raise
             except FatalError as exc:
                 log.error("group %s: %s", self.group_id, exc)
+                self._lose_assignment()  # not a member any more: what it held is someone else's now
                 self._post_error(exc)
                 return
             except (RetriableError, KafkaTimeoutError) as exc:
@@ -244,16 +245,21 @@ class GroupMember:
             return False
         return now - self._progress_at > self._max_poll_interval
 
+    def _lose_assignment(self) -> None:
+        """Take the partitions away on the loop (their buffered data is not handed out any more) and
+        tell the application side, which runs on_lost (or on_revoke) without committing."""
+        lost, self.assigned = self.assigned, []
+        if self._drop_assignment is not None:
+            self._drop_assignment()
+        if lost:
+            self._post_event(RebalanceEvent("lost", lost, asyncio.get_running_loop()))
+
     async def _leave_for_stalled_application(self) -> None:
         """Java's and librdkafka's rule: a member whose application stopped polling leaves, so its
         partitions go to members that work; it rejoins when the application polls again."""
         log.warning("group %s: no poll() for more than max.poll.interval.ms (%d ms); leaving the group",
                     self.group_id, self._max_poll_interval * 1000)
-        lost, self.assigned = self.assigned, []
-        if self._drop_assignment is not None:
-            self._drop_assignment()  # what is buffered for those partitions is not handed out any more
-        if lost:
-            self._post_event(RebalanceEvent("lost", lost, asyncio.get_running_loop()))
+        self._lose_assignment()
         self._post_error(KafkaError(
             f"the application did not call poll() for more than max.poll.interval.ms "
             f"({int(self._max_poll_interval * 1000)} ms): left group {self.group_id!r}, rejoining on the next poll"))
