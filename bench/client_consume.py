@@ -8,8 +8,9 @@ round (page cache and CPU frequency drift hit both alike). Two loops are measure
 message per call). Every message's value is touched (len) so neither client can skip work. Both
 clients use the same fetch sizes and read_committed (both default to it).
 
-Prints records/s per client and the ratio ours / confluent-kafka (the bar of issue 6: >= 60%),
-and writes JSON to bench/results/.
+Prints records/s per client, the ratio ours / confluent-kafka (the bar of issue 6: >= 60%), and
+each client process's CPU time per record (less sensitive than records/s to other load on the
+machine), and writes JSON to bench/results/.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def read_ours(bootstrap: str, partitions: int, expected: int, mode: str) -> dict
 def _timed(expected: int, mode: str, consume: Callable, poll: Callable) -> dict:
     seen = 0
     nbytes = 0
+    cpu_started = time.process_time()  # all threads of this process: librdkafka's, or our loop thread
     started = time.perf_counter()
     deadline = started + 600
     if mode == "consume":
@@ -96,8 +98,10 @@ def _timed(expected: int, mode: str, consume: Callable, poll: Callable) -> dict:
                 seen += 1
                 nbytes += len(msg.value())
     elapsed = time.perf_counter() - started
+    cpu = time.process_time() - cpu_started
     assert seen == expected, f"read {seen} of {expected} records"
-    return {"records": seen, "seconds": elapsed, "records_per_s": seen / elapsed, "mb_per_s": nbytes / elapsed / 1e6}
+    return {"records": seen, "seconds": elapsed, "records_per_s": seen / elapsed, "mb_per_s": nbytes / elapsed / 1e6,
+            "cpu_us_per_record": cpu / seen * 1e6}
 
 
 CLIENTS = {"confluent-kafka": read_confluent, "oncelog": read_ours}
@@ -124,18 +128,23 @@ def main() -> int:
                 for client in order:
                     result = CLIENTS[client](broker.bootstrap, args.partitions, count, mode)
                     runs[mode][client].append(result)
-                    print(f"round {round_no + 1} {mode:<8} {client:<16} {result['records_per_s']:>10.0f} records/s",
-                          flush=True)
+                    print(f"round {round_no + 1} {mode:<8} {client:<16} {result['records_per_s']:>10.0f} records/s "
+                          f"{result['cpu_us_per_record']:>6.2f} CPU us/record", flush=True)
     summary: dict[str, dict] = {}
     for mode in modes:
         med = {c: statistics.median(r["records_per_s"] for r in runs[mode][c]) for c in CLIENTS}
-        summary[mode] = {"records_per_s": med, "ratio": med["oncelog"] / med["confluent-kafka"]}
+        cpu = {c: statistics.median(r["cpu_us_per_record"] for r in runs[mode][c]) for c in CLIENTS}
+        summary[mode] = {"records_per_s": med, "ratio": med["oncelog"] / med["confluent-kafka"],
+                         "cpu_us_per_record": cpu}
     print(f"\nconsumer throughput: {args.mb} MiB of {RECORD} B records, {args.partitions} partitions, assign mode, "
           f"read_committed, median of {args.runs}")
-    print(f"{'loop':<10}{'confluent-kafka rec/s':>24}{'oncelog rec/s':>16}{'ratio':>9}")
+    print(f"{'loop':<10}{'confluent-kafka rec/s':>24}{'oncelog rec/s':>16}{'ratio':>9}"
+          f"{'CPU us/rec ck':>16}{'CPU us/rec ours':>17}")
     for mode, s in summary.items():
-        r = s["records_per_s"]
-        print(f"{mode:<10}{r['confluent-kafka']:>24.0f}{r['oncelog']:>16.0f}{s['ratio'] * 100:>8.0f}%")
+        r, c = s["records_per_s"], s["cpu_us_per_record"]
+        print(f"{mode:<10}{r['confluent-kafka']:>24.0f}{r['oncelog']:>16.0f}{s['ratio'] * 100:>8.0f}%"
+              f"{c['confluent-kafka']:>16.2f}{c['oncelog']:>17.2f}")
+    print("CPU us/rec: the client process's CPU time (every thread) per record read; the broker is not counted")
     out = Path(__file__).parent / "results" / f"client_consume-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"mb": args.mb, "partitions": args.partitions, "runs": args.runs,
                                "summary": summary, "all": runs}, indent=2))
