@@ -132,7 +132,9 @@ class Sender:
             if self.closing and not self.busy():
                 return
             timeout = max(0.0, min(next_due - time.monotonic(), 1.0))
-            if timeout > 0:
+            if timeout <= 0:
+                await asyncio.sleep(0)  # never starve the answers and recoveries this loop waits for
+            else:
                 self.idle = True
                 try:
                     await asyncio.wait_for(self.wakeup.wait(), timeout)
@@ -178,9 +180,16 @@ class Sender:
             for tp in candidates:  # a lingering batch: look again when its linger.ms is up
                 if self.acc.head_ready(tp, now)[0] is None:
                     due = min(due, self.acc.head_ready(tp, now)[1])
-        candidates.update(self._retry_batches)
+        for tp, waiting in self._retry_batches.items():
+            candidates.add(tp)
+            due = min(due, waiting[0].retry_at if waiting else due)
         if self.idem is not None:
-            candidates.update(tp for tp, p in self.idem.partitions.items() if p.resend or p.retry_pending())
+            for tp, part in self.idem.partitions.items():
+                if part.resend or part.retry_pending():
+                    candidates.add(tp)
+                    retries = part.retry_ready()  # empty while blocked or while any batch is in flight
+                    if retries:
+                        due = min(due, retries[0].retry_at)
         for tp in candidates:
             leader = self.cluster.leader_for(*tp)
             if leader is None or leader < 0:
