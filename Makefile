@@ -41,6 +41,8 @@ FAULTS_OUT ?= bench/results
 FUZZ_EXAMPLES ?= 20000
 FUZZ_E2E_EXAMPLES ?= 20000
 FUZZ_SECONDS ?= 300
+# then atheris (coverage-guided, libFuzzer) on the decoders for ATHERIS_SECONDS per target.
+ATHERIS_SECONDS ?= 120
 
 .PHONY: faults fuzz
 
@@ -50,6 +52,7 @@ faults: setup
 fuzz: setup
 	FUZZ_RANDOM=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_E2E_EXAMPLES=$(FUZZ_E2E_EXAMPLES) FUZZ_SECONDS=$(FUZZ_SECONDS) \
 		$(PY) -m pytest -q -s -p no:cacheprovider tests/fuzz
+	$(PY) -m tests.fuzz.atheris_fuzz --seconds $(ATHERIS_SECONDS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
