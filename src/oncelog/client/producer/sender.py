@@ -101,6 +101,7 @@ class Sender:
         self._metadata_wanted: set[str] = set()
         self._identity_task: asyncio.Task | None = None
         self._recoveries: set[tuple[str, int]] = set()
+        self._sent_in_round = 0
         self.loop: asyncio.AbstractEventLoop | None = None
         # what the rules did, for tests and metrics
         self.stats = {"requests": 0, "retries": 0, "duplicates": 0, "epoch_bumps": 0, "rebatched": 0,
@@ -132,6 +133,9 @@ class Sender:
             if self.closing and not self.busy():
                 return
             timeout = max(0.0, min(next_due - time.monotonic(), 1.0))
+            if timeout <= 0 and not self._sent_in_round:
+                timeout = 0.001  # due but blocked (no free in-flight slot): do not spin
+            self._sent_in_round = 0
             if timeout <= 0:
                 await asyncio.sleep(0)  # never starve the answers and recoveries this loop waits for
             else:
@@ -228,6 +232,7 @@ class Sender:
                 sizes[slot] += len(batch.buf)
                 slot += 1
         for request in requests:
+            self._sent_in_round += 1
             self._in_flight[node] = self._in_flight.get(node, 0) + 1
             self._spawn(self._produce(node, conn, request))
 
