@@ -182,3 +182,59 @@ def test_a_lone_record_goes_out_after_linger_ms(module_broker, topic_name):
         latencies.append(time.monotonic() - started)
     p.close()
     assert sorted(latencies)[5] < 0.3, latencies
+
+
+def test_many_threads_share_one_producer(module_broker, topic_name):
+    """produce() from several threads at once: every record delivered once, each thread's records of a key in
+    the order that thread produced them, and each thread's callbacks on its own poll()/flush()."""
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 3)
+    p = producer(bs, batch_num_messages=50)
+    per_thread = 2000
+    reports = {n: Reports() for n in range(4)}
+
+    def work(n: int) -> None:
+        for i in range(per_thread):
+            p.produce(topic_name, f"{n}:{i}", key=f"t{n}".encode(), on_delivery=reports[n])
+            if i % 200 == 0:
+                p.poll(0)
+        p.flush(30)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert p.flush(30) == 0
+    p.close()
+    assert sum(len(r.items) for r in reports.values()) == 4 * per_thread
+    assert all(not r.errors() for r in reports.values())
+    got = ck_consume(bs, topic_name, {0: 0, 1: 0, 2: 0})
+    assert len(got) == len({r.value for r in got}) == 4 * per_thread
+    for n in range(4):
+        mine = [int(r.value.split(b":")[1]) for r in got if r.key == f"t{n}".encode()]
+        assert mine == list(range(per_thread))
+
+
+def test_async_producer_transactions(module_broker, topic_name):
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 1)
+
+    async def scenario():
+        p = await AsyncProducer.create({"bootstrap.servers": bs, "transactional.id": f"atx-{topic_name}"})
+        await p.init_transactions(15)
+        await p.begin_transaction()
+        futures = [await p.produce(topic_name, f"c{i}", partition=0) for i in range(5)]
+        await p.commit_transaction(15)
+        offsets = [f.result().offset() for f in futures]
+        await p.begin_transaction()
+        await p.produce(topic_name, b"aborted", partition=0)
+        await p.flush(10)
+        await p.abort_transaction(15)
+        await p.close()
+        return offsets
+
+    offsets = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert offsets == [0, 1, 2, 3, 4]
+    got = ck_consume(bs, topic_name, {0: 0}, **{"isolation.level": "read_committed"})
+    assert [r.value for r in got] == [f"c{i}".encode() for i in range(5)]
