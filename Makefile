@@ -56,3 +56,8 @@ fuzz: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
+
+# The exactly-once PySpark pipeline end to end (src/oncelog/spark/demo.py): about 1-2 minutes.
+.PHONY: demo
+demo: setup
+	PYSPARK_PYTHON=$(abspath $(PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(PY)) $(PY) -m oncelog.spark.demo
