@@ -127,8 +127,9 @@ class RecordAccumulator:
             queue = self._queues[tp] = deque()
         wake = False
         batch = queue[-1] if queue else None
-        if batch is None or batch.closed or batch.count >= self._batch_records or \
-                batch.size + len(value or b"") + len(key or b"") + _RECORD_OVERHEAD > self._batch_size:
+        if batch is None or batch.closed or \
+                batch.size + (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + \
+                _RECORD_OVERHEAD > self._batch_size:
             if batch is not None:
                 self._close(batch)
             wake = True

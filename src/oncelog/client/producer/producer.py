@@ -205,9 +205,11 @@ class _Core:
     def append(self, topic: str, parts: list[int], value: Any, key: Any, partition: int | None, headers: Any,
                timestamp: int | None, callback: Any) -> None:
         """Put one record into its batch; the one piece of per-record work on the producing side."""
-        value = _as_bytes(value, "value")
-        key = _as_bytes(key, "key")
-        hdrs = _headers(headers)
+        if value.__class__ is not bytes:
+            value = _as_bytes(value, "value")
+        if key is not None and key.__class__ is not bytes:
+            key = _as_bytes(key, "key")
+        hdrs = _headers(headers) if headers else None
         if not timestamp:
             timestamp = time.time_ns() // 1_000_000
         if callback is None:
@@ -217,7 +219,7 @@ class _Core:
                 raise BufferError(f"local queue full: {self.outstanding} records waiting for delivery")
             if partition is None or partition < 0:
                 partition = self.partitioner.partition(topic, key, parts)
-            elif partition not in parts:
+            elif not 0 <= partition < len(parts):  # Kafka's partition ids are 0..n-1
                 raise KafkaError(f"{topic!r} has no partition {partition}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
             _, _, wake = self.acc.append(topic, partition, key, value, hdrs, timestamp, callback,
                                          callback is not None)
@@ -337,7 +339,8 @@ class Producer:
                 callback: Callable | None = None) -> None:
         """Queue one record; raises BufferError when queue.buffering.max.messages records are waiting."""
         core = self._core
-        core.check_produce()
+        if core.txn is not None or core.closed or core.sender.fatal is not None:
+            core.check_produce()
         parts = core._partitions.get(topic)
         if parts is None:
             parts = self._runtime.run(core.partitions_async(topic))
@@ -491,7 +494,8 @@ class AsyncProducer:
         """Queue one record; returns a future of its DeliveryReport (it raises the delivery error)."""
         await self.start()
         core = self._core
-        core.check_produce()
+        if core.txn is not None or core.closed or core.sender.fatal is not None:
+            core.check_produce()
         parts = core._partitions.get(topic)
         if parts is None:
             parts = await core.partitions_async(topic)

@@ -224,6 +224,11 @@ class TransactionManager:
         if not await drain(deadline):
             raise KafkaTimeoutError("abort_transaction() timed out waiting for the records in flight")
         self.check_usable()
+        adding = self._adding
+        if adding is not None and not adding.done():
+            # An AddPartitionsToTxn in flight may already have started the transaction at the coordinator:
+            # decide on EndTxn after its answer, or the transaction stays open there until it times out.
+            await asyncio.wait({adding}, timeout=max(0.0, deadline - time.monotonic()))
         if self.added or self._offsets_groups:
             await self._end_txn(False, deadline)
         if failed or self._sent_anything:
