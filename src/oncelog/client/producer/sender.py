@@ -112,8 +112,9 @@ class Sender:
         self.wakeup.set()
 
     def busy(self) -> bool:
-        """Whether anything is queued, in flight or awaiting a retry."""
-        if self._tasks or self._retry_batches:
+        """Whether any record is queued, in a Produce request or awaiting a retry (background metadata or
+        identity requests do not count: a flush must not wait for them)."""
+        if self._retry_batches or any(self._in_flight.values()):
             return True
         if self.idem is not None and any(p.unresolved or p.resend for p in self.idem.partitions.values()):
             return True
@@ -182,8 +183,9 @@ class Sender:
         with self.acc.lock:
             candidates = set(self.acc.partitions())
             for tp in candidates:  # a lingering batch: look again when its linger.ms is up
-                if self.acc.head_ready(tp, now)[0] is None:
-                    due = min(due, self.acc.head_ready(tp, now)[1])
+                ready, when = self.acc.head_ready(tp, now)
+                if ready is None:
+                    due = min(due, when)
         for tp, waiting in self._retry_batches.items():
             candidates.add(tp)
             due = min(due, waiting[0].retry_at if waiting else due)
