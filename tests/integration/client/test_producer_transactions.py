@@ -84,20 +84,22 @@ def test_produce_outside_a_transaction_is_refused(broker, topic_name):
     p.close()
 
 
-def test_timed_out_transaction_recovers(broker, topic_name):
+@pytest.mark.parametrize("next_step", ["produce", "commit"])
+def test_timed_out_transaction_recovers(broker, topic_name, next_step):
     """KAFKA-9803: the coordinator's reaper aborts the transaction; the producer's next Produce is answered with
     an abortable error, commit refuses, abort bumps the epoch through InitProducerId(pid, epoch), and the next
     transaction commits. A producer treating the answer as fatal, or aborting without the bump, fails here."""
     bs = broker.bootstrap
     create_topic(bs, topic_name, 1)
-    p = txn_producer(bs, f"tx-{topic_name}", **{"transaction.timeout.ms": 1000})
+    p = txn_producer(bs, f"tx-{topic_name}-{next_step}", **{"transaction.timeout.ms": 1000})
     p.begin_transaction()
     assert send(p, topic_name, ["lost0", "lost1"]).errors() == []
     time.sleep(1.0 + 3 * REAPER_MS / 1000 + 0.5)  # the reaper aborts the transaction and bumps the epoch
-    late = send(p, topic_name, ["late"])
-    (err,) = late.errors()
-    assert isinstance(err, AbortableError) and not err.fatal, err
-    with pytest.raises(AbortableError):
+    if next_step == "produce":  # Produce at the old epoch: UNKNOWN_PRODUCER_ID, abortable
+        late = send(p, topic_name, ["late"])
+        (err,) = late.errors()
+        assert isinstance(err, AbortableError) and not err.fatal, err
+    with pytest.raises(AbortableError):  # EndTxn(COMMIT) at the old epoch: abortable too
         p.commit_transaction(15)
     p.abort_transaction(15)
     p.begin_transaction()
