@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 from oncelog.records.batch import COMPRESSION_NONE
@@ -33,7 +33,7 @@ class ProducerBatch:
 
     __slots__ = ("topic", "partition", "builder", "records", "count", "size", "created", "deadline", "buf",
                  "producer_id", "producer_epoch", "base_sequence", "attempts", "possibly_written", "in_request",
-                 "done", "future", "transactional", "retry_at", "closed")
+                 "done", "transactional", "retry_at", "closed")
 
     def __init__(self, topic: str, partition: int, compression: int, transactional: bool, keep_records: bool,
                  deadline: float) -> None:
@@ -53,7 +53,6 @@ class ProducerBatch:
         self.possibly_written = False
         self.in_request = False
         self.done = False
-        self.future: Any = None  # an asyncio.Future for AsyncProducer callers, created on the loop when needed
         self.transactional = transactional
         self.retry_at = 0.0
         self.closed = False  # takes no more records (the partitioner was told)
@@ -147,10 +146,6 @@ class RecordAccumulator:
         """Partitions with queued batches (caller holds `lock`)."""
         return [tp for tp, q in self._queues.items() if q]
 
-    def head(self, tp: tuple[str, int]) -> ProducerBatch | None:
-        queue = self._queues.get(tp)
-        return queue[0] if queue else None
-
     def head_ready(self, tp: tuple[str, int], now: float) -> tuple[ProducerBatch | None, float]:
         """The partition's first batch if it may go now, and else when it will (linger); caller holds `lock`."""
         queue = self._queues.get(tp)
@@ -195,10 +190,6 @@ class RecordAccumulator:
             queue.clear()
         self.queued_records = 0
         return out
-
-    def __iter__(self) -> Iterator[ProducerBatch]:
-        for queue in self._queues.values():
-            yield from queue
 
     def empty(self) -> bool:
         return not any(self._queues.values())

@@ -204,9 +204,6 @@ class Idempotence:
             part.adopt(self.identity, self.first_sequence(part))
         return True
 
-    def needs_local_bump(self) -> bool:
-        return self.bump_requested
-
     def bump_local(self) -> bool:
         """Move to the next epoch without the broker; False when the epoch is exhausted (a new id is needed)."""
         assert self.identity is not None

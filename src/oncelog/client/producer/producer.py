@@ -166,7 +166,7 @@ class _Core:
             return
         if self.loop_owner == "caller":
             self.sender.wake()
-        else:  # once per new batch, not per record; checking `sender.idle` first would race with its sleep
+        else:  # once per new batch, not per record
             loop.call_soon_threadsafe(self.sender.wake)
 
     # -- partitions -----------------------------------------------------------------------------------------

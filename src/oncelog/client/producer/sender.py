@@ -92,7 +92,6 @@ class Sender:
         self.transaction_timeout_ms = config["transaction.timeout.ms"]
         self.transactional_id = config["transactional.id"]
         self.wakeup = asyncio.Event()
-        self.idle = True  # the run loop is waiting: producers on other threads must wake it
         self.closing = False
         self.fatal: KafkaError | None = None
         self._in_flight: dict[int, int] = {}  # node -> Produce requests awaiting an answer
@@ -140,13 +139,10 @@ class Sender:
             if timeout <= 0:
                 await asyncio.sleep(0)  # never starve the answers and recoveries this loop waits for
             else:
-                self.idle = True
                 try:
                     await asyncio.wait_for(self.wakeup.wait(), timeout)
                 except TimeoutError:
                     pass
-                finally:
-                    self.idle = False
 
     async def _round(self, now: float) -> float:
         next_due = now + 1.0
