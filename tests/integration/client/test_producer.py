@@ -181,7 +181,7 @@ def test_a_lone_record_goes_out_after_linger_ms(module_broker, topic_name):
             p.poll(0.001)
         latencies.append(time.monotonic() - started)
     p.close()
-    assert sorted(latencies)[5] < 0.3, latencies
+    assert sorted(latencies)[5] < 0.5, latencies  # the bug this guards against waited ~1 s
 
 
 def test_many_threads_share_one_producer(module_broker, topic_name):
