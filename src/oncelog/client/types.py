@@ -89,10 +89,12 @@ class ConsumerGroupMetadata(NamedTuple):
 
 
 class Message(tuple):
-    """One consumed record: (offset, timestamp, key, value, headers) plus class-level batch facts.
+    """One consumed record: (offset, timestamp, key, value[, headers]) plus class-level batch facts.
 
     Never instantiate it directly; fetchers build it with `message_class(...)` and `error_message`.
-    The accessors are methods, as in confluent-kafka.
+    The accessors are methods, as in confluent-kafka. A batch without any header gives 4-tuples
+    (and a class that says so): exact tuples of atomic values are untracked by the garbage
+    collector, which matters while fetched records wait in the consumer's buffer.
     """
 
     __slots__ = ()
@@ -100,6 +102,7 @@ class Message(tuple):
     _partition: int = -1
     _timestamp_type: int = TIMESTAMP_NOT_AVAILABLE
     _leader_epoch: int | None = None
+    _has_headers = True
 
     def topic(self) -> str | None:
         return self._topic
@@ -122,7 +125,7 @@ class Message(tuple):
 
     def headers(self) -> Headers | None:
         """The record's headers as (name, value) pairs, or None when it has none (confluent-kafka's shape)."""
-        return self[4] or None
+        return (self[4] or None) if self._has_headers else None
 
     def leader_epoch(self) -> int | None:
         return self._leader_epoch
@@ -161,19 +164,24 @@ class _ErrorMessage(Message):
         return (TIMESTAMP_NOT_AVAILABLE, -1)
 
 
-_classes: dict[tuple[str, int, int, int | None], type[Message]] = {}
+_classes: dict[tuple[str, int, int, int | None, bool], type[Message]] = {}
 _MAX_CLASSES = 100_000
 
 
-def message_class(topic: str, partition: int, timestamp_type: int, leader_epoch: int | None) -> type[Message]:
-    """The Message subclass carrying one batch kind's shared facts; cached, so a new one is rare."""
-    key = (topic, partition, timestamp_type, leader_epoch)
+def message_class(topic: str, partition: int, timestamp_type: int, leader_epoch: int | None,
+                  has_headers: bool = True) -> type[Message]:
+    """The Message subclass carrying one batch kind's shared facts; cached, so a new one is rare.
+
+    `has_headers`: its instances are 5-tuples ending with the headers list, else 4-tuples.
+    """
+    key = (topic, partition, timestamp_type, leader_epoch, has_headers)
     cls = _classes.get(key)
     if cls is None:
         if len(_classes) >= _MAX_CLASSES:
             _classes.clear()
         cls = type("Message", (Message,), {"__slots__": (), "_topic": topic, "_partition": partition,
-                                            "_timestamp_type": timestamp_type, "_leader_epoch": leader_epoch})
+                                            "_timestamp_type": timestamp_type, "_leader_epoch": leader_epoch,
+                                            "_has_headers": has_headers})
         _classes[key] = cls
     return cls
 

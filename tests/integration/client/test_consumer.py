@@ -328,7 +328,7 @@ def test_prefetch_keeps_one_more_fetch_ready_and_no_more(module_broker, topic):
             time.sleep(0.02)
         time.sleep(0.5)
         assert buffered() == 2 and state.chunks_put == 2  # bounded: nothing more while the application is idle
-        first_chunk = len(c._feed.cur.messages)
+        first_chunk = len(c._feed.cur.records)
         for expected in range(1, first_chunk + 1):  # finish chunk 1, take the first message of chunk 2
             assert c.poll(10).offset() == expected
         deadline = time.monotonic() + 10

@@ -51,6 +51,7 @@ from oncelog.client.types import (
 )
 
 log = logging.getLogger(__name__)
+_new_tuple = tuple.__new__
 
 TP = tuple[str, int]
 OffsetMap = dict[TP, tuple[int, str | None, int | None]]
@@ -223,7 +224,7 @@ class _Feed:
     # application side
     def ready(self) -> bool:
         cur = self.cur
-        return bool(self.group_events or self.buffer.items or (cur is not None and cur.index < len(cur.messages)))
+        return bool(self.group_events or self.buffer.items or (cur is not None and cur.index < len(cur.records)))
 
     def _finish(self, chunk: Chunk) -> None:
         state = chunk.state
@@ -238,7 +239,7 @@ class _Feed:
         """Move to the next live chunk or event; returns an event message, or None when a chunk is current."""
         cur = self.cur
         if cur is not None:
-            if cur.index < len(cur.messages) and cur.version == cur.state.version:
+            if cur.index < len(cur.records) and cur.version == cur.state.version:
                 return None
             self.cur = None
             self._finish(cur)
@@ -250,7 +251,7 @@ class _Feed:
                     return item.message
                 continue
             assert type(item) is Chunk
-            if item.version != item.state.version or not item.messages:
+            if item.version != item.state.version or not item.records:
                 self._finish(item)
                 continue
             if item.state.paused:
@@ -265,7 +266,7 @@ class _Feed:
         if cur is not None and cur.state.tp == tp:
             self.cur = None
             if cur.index > 0 and cur.version == cur.state.version:
-                cur.state.position = cur.messages[cur.index - 1][0] + 1  # its progress so far
+                cur.state.position = cur.records[cur.index - 1][0] + 1  # its progress so far
             self.parked.setdefault(tp, []).insert(0, cur)
 
     def resume(self, tp: TP) -> None:
@@ -282,7 +283,7 @@ class _Feed:
             return None
         i = cur.index
         cur.index = i + 1
-        return cur.messages[i]
+        return cur.message(i)
 
     def take(self, n: int, out: list[Message]) -> None:
         """Up to n - len(out) ready messages appended to `out`, a slice per chunk. Stops after an event."""
@@ -295,8 +296,8 @@ class _Feed:
             if cur is None:
                 return
             i = cur.index
-            j = min(len(cur.messages), i + n - len(out))
-            out += cur.messages[i:j]
+            j = min(len(cur.records), i + n - len(out))
+            out += cur.messages(i, j)
             cur.index = j
 
     def positions(self) -> dict[TP, int]:
@@ -308,10 +309,10 @@ class _Feed:
         cur = self.cur
         if cur is not None and cur.version == cur.state.version and cur.index > 0:
             tp = cur.state.tp
-            if cur.index >= len(cur.messages):
+            if cur.index >= len(cur.records):
                 out[tp] = cur.next_offset
             else:
-                out[tp] = cur.messages[cur.index - 1][0] + 1
+                out[tp] = cur.records[cur.index - 1][0] + 1
         return out
 
 
@@ -425,9 +426,9 @@ class Consumer(_Application):
         cur = self._feed.cur
         if cur is not None:
             i = cur.index
-            if i < len(cur.messages) and cur.version == cur.state.version:
+            if i < len(cur.records) and cur.version == cur.state.version and cur.cls is not None:
                 cur.index = i + 1
-                return cur.messages[i]
+                return _new_tuple(cur.cls, cur.records[i])
         return self._poll_slow(timeout)
 
     def _poll_slow(self, timeout: float | None) -> Message | None:
@@ -646,9 +647,9 @@ class AsyncConsumer(_Application):
         cur = self._feed.cur
         if cur is not None:
             i = cur.index
-            if i < len(cur.messages) and cur.version == cur.state.version:
+            if i < len(cur.records) and cur.version == cur.state.version and cur.cls is not None:
                 cur.index = i + 1
-                return cur.messages[i]
+                return _new_tuple(cur.cls, cur.records[i])
         self._check_open()
         await self._core.start()
         self._feed.polls += 1

@@ -22,6 +22,7 @@ import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterable
+from functools import partial
 from typing import Any
 
 from oncelog.client.consumer.decode import CorruptRecords, decode_fetch
@@ -33,6 +34,7 @@ from oncelog.protocol.apis import ApiKey
 from oncelog.protocol.client_codecs import FETCH_VERSIONS, decode_fetch_response, encode_fetch_request
 
 log = logging.getLogger(__name__)
+_new_tuple = tuple.__new__
 
 TP = tuple[str, int]
 MAX_BUFFERED_CHUNKS = 2
@@ -95,16 +97,37 @@ class PartitionState:
 
 
 class Chunk:
-    """One partition's messages from one Fetch response; consumed in order by the application side."""
+    """One partition's records from one Fetch response; consumed in order by the application side.
 
-    __slots__ = ("state", "version", "messages", "index", "next_offset")
+    Records become Messages only when handed out (see decode.py for why); `cls` is their class
+    when the whole chunk has one, which is the usual case and the fast path.
+    """
 
-    def __init__(self, state: PartitionState, messages: list[Message], next_offset: int) -> None:
+    __slots__ = ("state", "version", "records", "kinds", "cls", "index", "next_offset")
+
+    def __init__(self, state: PartitionState, records: list[tuple], kinds: list[tuple[int, type[Message]]],
+                 next_offset: int) -> None:
         self.state = state
         self.version = state.version
-        self.messages = messages
+        self.records = records
+        self.kinds = kinds
+        self.cls: type[Message] | None = kinds[0][1] if len(kinds) == 1 else None
         self.index = 0
         self.next_offset = next_offset
+
+    def message(self, i: int) -> Message:
+        return _new_tuple(self.cls or self._class_at(i), self.records[i])
+
+    def messages(self, i: int, j: int) -> list[Message]:
+        if self.cls is not None:
+            return list(map(partial(_new_tuple, self.cls), self.records[i:j]))
+        return [self.message(k) for k in range(i, j)]
+
+    def _class_at(self, i: int) -> type[Message]:
+        for start, cls in reversed(self.kinds):
+            if start <= i:
+                return cls
+        raise IndexError(i)
 
 
 class FetchEvent:
@@ -386,9 +409,9 @@ class Fetcher:
                 self._fail(state, KafkaError(str(exc), ErrorCode.CORRUPT_MESSAGE))
                 return
             state.fetch_offset = decoded.next_offset
-            if decoded.messages or decoded.next_offset != offset:
+            if decoded.records or decoded.next_offset != offset:
                 state.chunks_put += 1
-                self._buffer.put(Chunk(state, decoded.messages, decoded.next_offset))
+                self._buffer.put(Chunk(state, decoded.records, decoded.kinds, decoded.next_offset))
             end = fp.last_stable_offset if self._read_committed and fp.last_stable_offset >= 0 else fp.high_watermark
             if self._eof and decoded.next_offset >= end and state.eof_at != decoded.next_offset:
                 state.eof_at = decoded.next_offset

@@ -20,10 +20,10 @@ class _States:
 
 
 def chunk(state: PartitionState, offsets: range, next_offset: int | None = None) -> Chunk:
-    cls = message_class(state.topic, state.partition, TIMESTAMP_CREATE_TIME, None)
-    msgs = [tuple.__new__(cls, (o, 0, None, b"%d" % o, [])) for o in offsets]
+    cls = message_class(state.topic, state.partition, TIMESTAMP_CREATE_TIME, None, has_headers=False)
+    records = [(o, 0, None, b"%d" % o) for o in offsets]
     state.chunks_put += 1
-    return Chunk(state, msgs, offsets.stop if next_offset is None else next_offset)
+    return Chunk(state, records, [(0, cls)] if records else [], offsets.stop if next_offset is None else next_offset)
 
 
 def feed_with(*states: PartitionState) -> tuple[_Feed, _States]:
@@ -124,3 +124,20 @@ def test_progress_mark_moves_with_every_message_and_is_none_while_waiting():
     assert feed.progress_mark() != first
     feed.waiting = True
     assert feed.progress_mark() is None
+
+
+def test_a_chunk_with_two_kinds_of_message_hands_out_each_with_its_class():
+    a = PartitionState("t", 0)
+    feed, _ = feed_with(a)
+    plain = message_class("t", 0, TIMESTAMP_CREATE_TIME, None, has_headers=False)
+    epoch5 = message_class("t", 0, TIMESTAMP_CREATE_TIME, 5, has_headers=True)
+    a.chunks_put += 1
+    feed.buffer.put(Chunk(a, [(0, 0, None, b"a"), (1, 0, None, b"b", [("h", b"x")])], [(0, plain), (1, epoch5)], 2))
+    first, second = feed.next_message(), feed.next_message()
+    assert (first.leader_epoch(), first.headers()) == (None, None)
+    assert (second.leader_epoch(), second.headers()) == (5, [("h", b"x")])
+    a.seek(0)
+    feed.buffer.put(Chunk(a, [(0, 0, None, b"a"), (1, 0, None, b"b", [])], [(0, plain), (1, epoch5)], 2))
+    out: list = []
+    feed.take(10, out)
+    assert [m.leader_epoch() for m in out] == [None, 5]
