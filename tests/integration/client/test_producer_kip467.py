@@ -1,6 +1,6 @@
 """KIP-467 on the client: a batch the broker refuses for some of its records (RecordErrors) loses only those
 records, each failing with the broker's own message; the rest is delivered once, in order — also when later
-batches of the partition were in flight behind it, and inside a transaction that then commits."""
+batches of the partition were in flight behind it. Inside a transaction the rejection makes it abortable."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.integration.client.producer_support import (
 )
 from tests.integration.helpers import ck_consume, create_topic, wait_until
 
-from oncelog.client.errors import RecordError
+from oncelog.client.errors import AbortableError, RecordError
 from oncelog.client.producer import Producer
 
 INVALID_RECORD = 87
@@ -89,7 +89,10 @@ def test_timestamps_outside_the_window(module_broker, topic_name):
     assert [r.value for r in got] == [f"t{i}".encode() for i in range(20) if i not in bad]
 
 
-def test_culprits_inside_a_transaction_that_commits(module_broker, topic_name):
+def test_culprits_inside_a_transaction_make_it_abortable(module_broker, topic_name):
+    """In a transaction the culprits fail with the broker's message as elsewhere, but the transaction cannot
+    commit as if it were complete (an exactly-once pipeline would lose them): commit raises AbortableError, the
+    abort recovers, and the next transaction commits."""
     bs = module_broker.bootstrap
     create_topic(bs, topic_name, 1, {"cleanup.policy": "compact"})
     p = Producer({"bootstrap.servers": bs, "transactional.id": f"tx-{topic_name}", "linger.ms": 20})
@@ -98,9 +101,16 @@ def test_culprits_inside_a_transaction_that_commits(module_broker, topic_name):
     reports = Reports()
     for i in range(12):
         p.produce(topic_name, f"x{i}", key=None if i == 5 else f"k{i}", partition=0, on_delivery=reports)
+    with pytest.raises(AbortableError) as info:
+        p.commit_transaction(15)
+    assert info.value.code == INVALID_RECORD and "record 5" in info.value.message
+    culprits = [e for e in reports.errors() if isinstance(e, RecordError)]
+    assert len(culprits) == 1 and culprits[0].batch_index == 5
+    p.abort_transaction(15)
+    p.begin_transaction()
+    for i in range(3):
+        p.produce(topic_name, f"y{i}", key=f"k{i}", partition=0)
     p.commit_transaction(15)
     p.close()
-    errors = reports.errors()
-    assert len(errors) == 1 and isinstance(errors[0], RecordError) and errors[0].batch_index == 5
     got = ck_consume(bs, topic_name, {0: 0}, **{"isolation.level": "read_committed"})
-    assert [r.value for r in got] == [f"x{i}".encode() for i in range(12) if i != 5]
+    assert [r.value for r in got] == [b"y0", b"y1", b"y2"]

@@ -34,6 +34,7 @@ from oncelog.records.builder import BatchBuilder
 from oncelog.records.reader import decode_batch_records
 
 from ..errors import (
+    AbortableError,
     DataLossError,
     FatalError,
     KafkaError,
@@ -150,6 +151,10 @@ class Sender:
         if self.fatal is not None:
             self._fail_everything(self.fatal)
             return next_due
+        if self.txn is not None and self.txn.last_error is not None and self.txn.in_error():
+            # as the Java client does: what was not sent fails now with the transaction's error, so flush() and
+            # commit_transaction() return at once instead of waiting for records that can only be aborted
+            self.fail_queued(self.txn.last_error)
         if self.idem is not None:
             if self.txn is None and (self.idem.identity is None or self.idem.bump_requested):
                 self._start_identity_task()
@@ -622,8 +627,9 @@ class Sender:
         The broker appended nothing of the batch. If no attempt of it was ambiguous, the broker provably never
         wrote it — and so none of the partition's later batches either (it writes a producer's batches in
         sequence order) — so the remainder and those later batches take the sequences from the failed batch's
-        base on, at the same epoch: no duplicate, no gap, no reordering, and no epoch bump, so a transaction
-        goes on. After an ambiguous attempt the batch may be in the log already (a timestamp can leave the
+        base on, at the same epoch: no duplicate, no gap, no reordering, and no epoch bump. In a transaction the
+        rejection still makes the transaction abortable: committing it would silently drop the culprits from an
+        all-or-nothing unit (the remainder then fails with the abort). After an ambiguous attempt the batch may be in the log already (a timestamp can leave the
         window between attempts): then the whole batch and its followers fail instead.
         """
         culprits = {index: RecordError(msg or ErrorCode(code).message, code, index)
@@ -661,6 +667,13 @@ class Sender:
     def _report_culprits(self, batch: ProducerBatch, culprits: dict[int, RecordError]) -> None:
         batch.done = True
         self.complete(batch, -1, -1, None, culprits)
+        if self.txn is not None:
+            # A transaction with a rejected record must not commit as if it were complete (an exactly-once
+            # pipeline would lose the record for good): abortable. The others stay queued and fail with the abort.
+            first = culprits[min(culprits)]
+            self.txn.batch_failed(AbortableError(
+                f"{len(culprits)} record(s) for {batch.topic}-{batch.partition} rejected by the broker (first: "
+                f"record {first.batch_index}: {first.message}); the transaction cannot commit", first.code))
 
     def _without(self, batch: ProducerBatch, culprits: dict[int, RecordError]) -> ProducerBatch | None:
         """A new, unsealed batch of `batch`'s records minus the culprits (same timestamps, same callbacks)."""

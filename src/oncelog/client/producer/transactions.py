@@ -108,6 +108,9 @@ class TransactionManager:
             self.state = State.ABORTABLE_ERROR
         self.wake()
 
+    def in_error(self) -> bool:
+        return self.state in (State.ABORTABLE_ERROR, State.FATAL_ERROR)
+
     def check_usable(self) -> None:
         """Raise the error that ended the producer, if one did."""
         if self.state == State.FATAL_ERROR:
