@@ -117,24 +117,28 @@ def test_plan_ranges_new_partitions_and_data_loss():
 
 
 def test_record_batch_matches_spark_kafka_schema():
-    create = message_class("topic", 3, 1, None)
-    append = message_class("topic", 3, 2, None)
-    messages = [tuple.__new__(create, (7, 1_700_000_000_123, b"k", b"v", [("h", b"x"), ("n", None)])),
-                tuple.__new__(create, (8, 1_700_000_000_124, None, None, [])),
-                tuple.__new__(append, (10, 1_700_000_000_200, b"k2", b"", []))]
-    rb = to_record_batch("topic", 3, messages, include_headers=True)
+    create = message_class("topic", 3, 1, None, True)
+    create_plain = message_class("topic", 3, 1, None, False)
+    append = message_class("topic", 3, 2, None, False)
+    records = [(7, 1_700_000_000_123, b"k", b"v", [("h", b"x"), ("n", None)]),
+               (8, 1_700_000_000_124, None, None, []),
+               (9, 1_700_000_000_125, b"p", b"q"),
+               (10, 1_700_000_000_200, b"k2", b"")]
+    kinds = [(0, create), (2, create_plain), (3, append)]
+    rb = to_record_batch("topic", 3, records, kinds, include_headers=True)
     assert rb.schema == arrow_schema(True)
-    assert rb.column("offset").to_pylist() == [7, 8, 10]
-    assert rb.column("topic").to_pylist() == ["topic"] * 3 and rb.column("partition").to_pylist() == [3] * 3
-    assert rb.column("key").to_pylist() == [b"k", None, b"k2"] and rb.column("value").to_pylist() == [b"v", None, b""]
-    assert rb.column("timestampType").to_pylist() == [0, 0, 1]
+    assert rb.column("offset").to_pylist() == [7, 8, 9, 10]
+    assert rb.column("topic").to_pylist() == ["topic"] * 4 and rb.column("partition").to_pylist() == [3] * 4
+    assert rb.column("key").to_pylist() == [b"k", None, b"p", b"k2"]
+    assert rb.column("value").to_pylist() == [b"v", None, b"q", b""]
+    assert rb.column("timestampType").to_pylist() == [0, 0, 0, 1]
     assert rb.column("timestamp").cast(pa.int64()).to_pylist() == [1_700_000_000_123_000, 1_700_000_000_124_000,
-                                                                    1_700_000_000_200_000]
+                                                                    1_700_000_000_125_000, 1_700_000_000_200_000]
     assert rb.column("headers").to_pylist() == [[{"key": "h", "value": b"x"}, {"key": "n", "value": None}], None,
-                                                None]
-    plain = to_record_batch("topic", 3, messages[:2], include_headers=False)
-    assert plain.schema == arrow_schema(False) and plain.column("timestampType").to_pylist() == [0, 0]
-    assert to_record_batch("topic", 3, [], include_headers=False).num_rows == 0
+                                                None, None]
+    plain = to_record_batch("topic", 3, records[2:3], [(0, create_plain)], include_headers=False)
+    assert plain.schema == arrow_schema(False) and plain.column("timestampType").to_pylist() == [0]
+    assert to_record_batch("topic", 3, [], [], include_headers=False).num_rows == 0
     assert spark_ddl(True).endswith("headers array<struct<key: string, value: binary>>")
 
 

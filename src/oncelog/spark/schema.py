@@ -3,8 +3,8 @@
 The schema is exactly `format("kafka")`'s (key, value, topic, partition, offset, timestamp, timestampType, and
 headers when includeHeaders=true), so a query can switch formats without touching its transformations.
 Rows reach Spark as `pyarrow.RecordBatch`es: research/spark.md measured Arrow 1.5-2.5x faster than Python
-tuples through the data source API. The client's decoder already hands out one tuple per record
-(offset, timestamp, key, value, headers); here they are transposed into columns by C code (`map` with
+tuples through the data source API. The client's decoder already hands out one plain tuple per record
+(offset, timestamp, key, value[, headers]); here they are transposed into columns by C code (`map` with
 `itemgetter`; `zip(*rows)` is ten times slower on large chunks), and
 everything that is the same for a whole chunk (topic, partition, usually the timestamp type) is one repeated
 value, not a per-record Python object.
@@ -48,29 +48,46 @@ def arrow_schema(include_headers: bool) -> pa.Schema:
     return pa.schema(_BASE_FIELDS + ([pa.field("headers", HEADER_TYPE)] if include_headers else []))
 
 
-def to_record_batch(topic: str, partition: int, messages: Sequence[Any], include_headers: bool) -> pa.RecordBatch:
-    """One Arrow batch from one partition's decoded messages (the client's (offset, timestamp, key, value,
-    headers) tuples)."""
-    n = len(messages)
+def to_record_batch(topic: str, partition: int, records: Sequence[tuple], kinds: Sequence[tuple[int, Any]],
+                    include_headers: bool) -> pa.RecordBatch:
+    """One Arrow batch from one partition's decoded records.
+
+    `records` and `kinds` are the client decoder's: (offset, timestamp, key, value[, headers]) tuples, and
+    (first index, Message class) runs over them, the class carrying what a whole run shares (timestamp type,
+    whether its tuples end with headers).
+    """
+    n = len(records)
     schema = arrow_schema(include_headers)
     if n == 0:
         return pa.RecordBatch.from_pylist([], schema=schema)
-    kinds = set(map(type, messages))
-    if len(kinds) == 1:
-        kind = _timestamp_type(next(iter(kinds))) - _TIMESTAMP_TYPE_OFFSET
-        timestamp_types = pa.repeat(pa.scalar(kind, pa.int32()), n)
-    else:  # the topic's timestamp type changed inside this chunk
-        timestamp_types = pa.array([t - _TIMESTAMP_TYPE_OFFSET for t in map(_timestamp_type, messages)], pa.int32())
+    bounds = [start for start, _ in kinds[1:]] + [n]
+    runs = [(start, end, cls) for (start, cls), end in zip(kinds, bounds, strict=True)]
+    if len(runs) == 1:
+        timestamp_types = _repeat(_timestamp_type(runs[0][2]) - _TIMESTAMP_TYPE_OFFSET, n)
+    else:  # the topic's timestamp type (or the presence of headers) changed inside this chunk
+        timestamp_types = pa.concat_arrays([_repeat(_timestamp_type(cls) - _TIMESTAMP_TYPE_OFFSET, end - start)
+                                            for start, end, cls in runs])
     columns = [
-        pa.array(list(map(_KEY, messages)), pa.binary()),
-        pa.array(list(map(_VALUE, messages)), pa.binary()),
+        pa.array(list(map(_KEY, records)), pa.binary()),
+        pa.array(list(map(_VALUE, records)), pa.binary()),
         pa.repeat(pa.scalar(topic, pa.string()), n),
         pa.repeat(pa.scalar(partition, pa.int32()), n),
-        pa.array(list(map(_OFFSET, messages)), pa.int64()),
-        pa.array(list(map(_TIMESTAMP, messages)), pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(list(map(_OFFSET, records)), pa.int64()),
+        pa.array(list(map(_TIMESTAMP, records)), pa.int64()).cast(pa.timestamp("ms", tz="UTC")).cast(
+            pa.timestamp("us", tz="UTC")),
         timestamp_types,
     ]
     if include_headers:
         # Spark's Kafka source gives null, not an empty array, for a record without headers.
-        columns.append(pa.array([h or None for h in map(_HEADERS, messages)], HEADER_TYPE))
+        headers: list = []
+        for start, end, cls in runs:
+            if cls._has_headers:
+                headers += [h or None for h in map(_HEADERS, records[start:end])]
+            else:
+                headers += [None] * (end - start)
+        columns.append(pa.array(headers, HEADER_TYPE))
     return pa.RecordBatch.from_arrays(columns, schema=schema)
+
+
+def _repeat(value: int, count: int) -> pa.Array:
+    return pa.repeat(pa.scalar(value, pa.int32()), count)
