@@ -69,6 +69,9 @@ def test_assign_and_offsets_json():
     ({**BOOT, "subscribe": "t", "isolation.level": "read_committed",
       "kafka.isolation.level": "read_uncommitted"}, False, "disagree"),
     ({**BOOT, "subscribe": "t", "kafka.group.id": "g"}, False, "'kafka.group.id'"),
+    ({**BOOT, "subscribe": "t", "kafka.request.timout.ms": "5"}, False, "'request.timout.ms'"),
+    ({**BOOT, "subscribe": "t", "kafka.acks": "all"}, False, "'acks' is for a producer"),
+    ({**BOOT, "subscribe": "t", "kafka.request.timeout.ms": "soon"}, False, "request.timeout.ms"),
 ])
 def test_option_errors_name_the_option(options, streaming, names):
     with pytest.raises(OptionError) as err:

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from oncelog.client.config import ClientConfig
+
 EARLIEST = -2
 LATEST = -1
 
@@ -100,6 +102,10 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         if name in _RESERVED_CLIENT_KEYS:
             raise OptionError(f"option '{key}' is not supported: {_RESERVED_CLIENT_KEYS[name]}")
         client[name] = value
+    try:  # a misspelt or producer-only setting fails here, named, instead of being dropped by the reader
+        ClientConfig({**client, "bootstrap.servers": bootstrap}, "consumer")
+    except ValueError as exc:
+        raise OptionError(f"a kafka.* option is not a valid consumer setting: {exc}") from None
     return ReadOptions(
         bootstrap_servers=bootstrap,
         topics=topics,
