@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark tests need the `spark` extra: pip install -e '.[dev,spark]'")
 
 from oncelog.spark import register  # noqa: E402
-from tests.integration.helpers import Rec, create_topic, norm_headers  # noqa: E402
+from tests.integration.helpers import Rec, ck_consume, create_topic, norm_headers  # noqa: E402
 from tests.spark.session import require_spark, start_session, stop_session  # noqa: E402
 from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions  # noqa: E402
 
@@ -179,3 +179,21 @@ def test_oncelog_source_returns_the_same_rows_as_spark_kafka_source(kafka_spark,
     expected = sorted(kafka_df.collect(), key=lambda r: (r.partition, r.offset))
     assert len(expected) == 16
     assert sorted(oncelog_df.collect(), key=lambda r: (r.partition, r.offset)) == expected
+
+
+def test_spark_kafka_sink_writes_to_oncelog(kafka_spark, module_broker, topic_name):
+    """Spark's own Kafka sink (the Java producer, idempotent by default) writes rows with keys, headers and
+    explicit partitions; librdkafka reads exactly those records back."""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=3)
+    rows = [(f"k{i}".encode(), f"v{i}".encode() * 5, i % 3, [("i", str(i).encode())]) for i in range(300)]
+    df = kafka_spark.createDataFrame(rows, "key binary, value binary, partition int, "
+                                           "headers array<struct<key: string, value: binary>>")
+    (df.repartition(2).write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+     .option("topic", topic_name).option("includeHeaders", "true").save())
+    got = ck_consume(bootstrap, topic_name, {0: 0, 1: 0, 2: 0}, **{"isolation.level": "read_committed"})
+    assert sorted((r.partition, r.key, r.value, r.headers) for r in got) == sorted(
+        (p, k, v, (("i", h[0][1]),)) for k, v, p, h in rows)
+    for partition in range(3):
+        offsets = [r.offset for r in got if r.partition == partition]
+        assert offsets == list(range(100)), f"partition {partition}: offsets {offsets[:5]}..."
