@@ -243,6 +243,8 @@ class _Feed:
                 return None
             self.cur = None
             self._finish(cur)
+        if self.parked:
+            self._prune_parked()
         items = self.buffer.items
         while items:
             item = items.popleft()
@@ -260,6 +262,18 @@ class _Feed:
             self.cur = item
             return None
         return None
+
+    def _prune_parked(self) -> None:
+        """Drop parked chunks made stale by a seek or reassignment (a partition unassigned while paused)."""
+        for tp, chunks in list(self.parked.items()):
+            live = [c for c in chunks if c.version == c.state.version]
+            for c in chunks:
+                if c.version != c.state.version:
+                    self._finish(c)
+            if live:
+                self.parked[tp] = live
+            else:
+                del self.parked[tp]
 
     def pause(self, tp: TP) -> None:
         cur = self.cur

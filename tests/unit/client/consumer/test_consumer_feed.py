@@ -141,3 +141,16 @@ def test_a_chunk_with_two_kinds_of_message_hands_out_each_with_its_class():
     out: list = []
     feed.take(10, out)
     assert [m.leader_epoch() for m in out] == [None, 5]
+
+
+def test_parked_chunks_of_a_partition_unassigned_while_paused_are_dropped():
+    a, b = PartitionState("t", 0), PartitionState("t", 1)
+    feed, _ = feed_with(a, b)
+    feed.buffer.put(chunk(a, range(0, 3)))
+    a.paused = True
+    assert feed.next_message() is None  # parked
+    assert list(feed.parked) == [a.tp]
+    a.version += 1  # unassigned (the fetcher bumps the version)
+    feed.buffer.put(chunk(b, range(0, 1)))
+    assert drain(feed) == [(1, 0)]
+    assert feed.parked == {} and a.chunks_done == a.chunks_put
