@@ -380,10 +380,18 @@ class _Application:
         return self._changed_positions()
 
     def _changed_positions(self) -> OffsetMap:
+        """Positions not committed by an earlier auto-commit (the periodic one skips what did not move)."""
         positions = self._feed.positions()
         changed = {tp: (o, None, None) for tp, o in positions.items() if self._last_committed.get(tp) != o}
         self._last_committed.update(positions)
         return changed
+
+    def _all_positions(self) -> OffsetMap:
+        """Every position, for the commit before partitions are given up: an earlier asynchronous
+        auto-commit may have failed, and this is the last chance to commit for them."""
+        positions = self._feed.positions()
+        self._last_committed.update(positions)
+        return {tp: (o, None, None) for tp, o in positions.items()}
 
     def assignment(self) -> list[TopicPartition]:
         return [TopicPartition(t, p) for t, p in self._feed.fetcher.states]
@@ -519,7 +527,7 @@ class Consumer(_Application):
                     callback(self, tps)
             elif event.kind == "revoke":
                 if self._auto_commit:
-                    self._commit_quietly(self._changed_positions())
+                    self._commit_quietly(self._all_positions())
                 if self._on_revoke is not None:
                     self._on_revoke(self, tps)
                 if not self._assign_called:
@@ -559,7 +567,7 @@ class Consumer(_Application):
         self._check_open()
         revoked, self._owned = self._owned, []
         if self._auto_commit:
-            self._commit_quietly(self._changed_positions())
+            self._commit_quietly(self._all_positions())
         if revoked and self._on_revoke is not None:
             self._on_revoke(self, revoked)
         self._run(self._core.unsubscribe())
@@ -634,7 +642,7 @@ class Consumer(_Application):
             return
         final = None
         try:
-            final = self._changed_positions() if self._auto_commit else None
+            final = self._all_positions() if self._auto_commit else None
             revoked, self._owned = self._owned, []
             if revoked and self._on_revoke is not None:  # as confluent-kafka: the revoke callback runs on close
                 self._on_revoke(self, revoked)
@@ -730,7 +738,7 @@ class AsyncConsumer(_Application):
                 await _call(self._on_lost or self._on_revoke, self, tps)
             elif event.kind == "revoke":
                 if self._auto_commit:
-                    offsets = self._changed_positions()
+                    offsets = self._all_positions()
                     if offsets:
                         try:
                             await self._core.commit(offsets)
@@ -761,7 +769,7 @@ class AsyncConsumer(_Application):
         self._check_open()
         revoked, self._owned = self._owned, []
         if self._auto_commit:
-            offsets = self._changed_positions()
+            offsets = self._all_positions()
             if offsets:
                 try:
                     await self._core.commit(offsets)
@@ -828,7 +836,7 @@ class AsyncConsumer(_Application):
             return
         final = None
         try:
-            final = self._changed_positions() if self._auto_commit else None
+            final = self._all_positions() if self._auto_commit else None
             revoked, self._owned = self._owned, []
             if revoked:
                 await _call(self._on_revoke, self, revoked)
