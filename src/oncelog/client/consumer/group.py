@@ -4,9 +4,10 @@ The member runs on the client's loop. What changes what the application consumes
 partitions up before a rejoin, taking the new assignment — is not done here but posted as a
 `RebalanceEvent` that the application side serves in poll() (where confluent-kafka runs
 on_revoke/on_assign too), and the member waits until it is served. So offsets are committed
-and callbacks run on the application's thread, strictly before the partitions change hands,
-and a member that stops polling stops rebalancing, which the coordinator then handles with
-its rebalance timeout (max.poll.interval.ms), as for any Kafka client.
+and callbacks run on the application's thread, strictly before the partitions change hands.
+A member whose application stops polling would hold its partitions forever (heartbeats run on
+the loop), so after max.poll.interval.ms without progress it leaves the group, as the Java
+client and librdkafka do, and rejoins when the application polls again.
 
 The leader assigns with the first strategy in its JoinGroup answer's protocol name that we
 know; the subscription bytes are Kafka's ConsumerProtocol, so librdkafka and Java members can
@@ -49,12 +50,13 @@ _RESET_MEMBER = frozenset({ErrorCode.UNKNOWN_MEMBER_ID, ErrorCode.ILLEGAL_GENERA
 
 
 class RebalanceEvent:
-    """Revoke or assign `partitions`; the member waits on `done` until the application side served it."""
+    """Revoke, assign or lose `partitions`; for revoke and assign the member waits on `done` until the
+    application side served the event ("lost": already taken away, nothing to wait for)."""
 
     __slots__ = ("kind", "partitions", "done", "_loop")
 
     def __init__(self, kind: str, partitions: list[TP], loop: asyncio.AbstractEventLoop) -> None:
-        self.kind = kind  # "revoke" | "assign"
+        self.kind = kind  # "revoke" | "assign" | "lost"
         self.partitions = partitions
         self._loop = loop
         self.done: asyncio.Future = loop.create_future()
