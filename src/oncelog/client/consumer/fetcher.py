@@ -6,7 +6,7 @@ works through what was fetched before: a partition is fetched again as soon as f
 usually there when the application finishes the current one (prefetch), and memory stays
 bounded by about two fetches per partition.
 
-The hand-over to the application is a `FetchBuffer`: chunks (a partition's decoded messages
+The hand-over to the application is a `FetchBuffer`: chunks (a partition's decoded records
 of one response) and per-partition events (errors, end of partition) in arrival order. The
 application side (`Consumer.poll`, possibly on another thread) only ever reads chunks and
 writes positions; the loop side only ever writes fetch offsets. Seeks and assignment changes
