@@ -100,6 +100,7 @@ BROKER_SETTINGS = {
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1_000,
     "producer.id.expiration.ms": 4_000,
     "producer.id.expiration.check.interval.ms": 1_000,
+    "group.initial.rebalance.delay.ms": 500,  # a new group settles between two broker kills
 }
 
 
@@ -239,7 +240,7 @@ class Run:
     # -- the end ----------------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Report]:
         assert self.broker is not None
-        end = time.monotonic() + self.seconds + 240
+        end = time.monotonic() + self.seconds + 300
         while any(w.proc is not None and w.proc.poll() is None for w in self.workers) and time.monotonic() < end:
             time.sleep(0.5)
             self.revive_hung()  # a copier must finish draining its input for the copy check to mean anything

@@ -25,6 +25,7 @@ from tests.faults.history import HistoryWriter
 FATAL_PAUSE_S = 0.5
 HANG_EXIT = 3  # exit code of a worker whose watchdog saw no progress: the runner restarts it
 HANG_AFTER_S = 75.0  # longer than any client call's own timeout (30 s) plus its retries
+DRAIN_MAX_S = 150.0  # a copier stops this long after its deadline even if its input is not all copied
 
 
 class Watchdog:
@@ -258,12 +259,16 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
     deadline = time.monotonic() + args.seconds
     t = 0
     seq = 0
-    # After the deadline the copier drains what its source acknowledged: 5 s without input end it, but a fresh
-    # copier first waits (30 s at most) for its group assignment, and nothing runs past 90 s.
-    idle_since = time.monotonic() + 25
+    # After the deadline the copier drains what its source acknowledged: it stops once the group's committed
+    # offsets reach the input's end (checked after 2 s without input), or DRAIN_MAX_S after the deadline.
+    idle_since = time.monotonic()
+    in_partitions = [TopicPartition(args.in_topic, part) for part in range(args.partitions)]
 
     def draining() -> bool:
-        return time.monotonic() - idle_since < 5 and time.monotonic() < deadline + 90
+        now = time.monotonic()
+        if now > deadline + DRAIN_MAX_S:
+            return False
+        return now - idle_since < 2 or not _copied_everything(c, in_partitions)
 
     dog = Watchdog()
     while time.monotonic() < deadline or draining():
@@ -297,6 +302,15 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
         # Draining ends after 5 s without input while polling, not while a call blocked through a fault.
         idle_since = time.monotonic()
     c.close()
+
+
+def _copied_everything(c: Any, partitions: list[Any]) -> bool:
+    """Whether the group's committed offsets are at the end of every input partition."""
+    try:
+        committed = c.committed(partitions, 10)
+        return all(tp.offset >= c.get_watermark_offsets(tp, 10, cached=False)[1] for tp in committed)
+    except Exception:  # noqa: BLE001 - the broker may be down: not known, so not done
+        return False
 
 
 def _rewind(c: Any, TopicPartition: Any) -> None:
