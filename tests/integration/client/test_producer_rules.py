@@ -293,3 +293,43 @@ def test_a_failed_batch_fails_the_sequenced_batches_behind_it(broker_factory, to
     batches = log_batches(direct, topic_name)
     assert data_values(batches) == [b"warm", b"r1", b"r5", b"r6"]
     assert [(b.producer_epoch, b.base_sequence) for b in batches] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def test_transactional_producer_moves_to_a_new_epoch_before_its_sequences_run_out(broker_factory, topic_name):
+    """KAFKA-12207 for transactions: a transactional producer cannot bump its epoch in the middle of a
+    transaction, so begin_transaction() asks the coordinator for the next epoch (InitProducerId(pid, epoch))
+    when a partition has used most of its sequence space. Set up like the idempotent overflow test: the test
+    hook starts the sequences 7 below 2^31-1 and the broker is given the matching producer state."""
+    from tests.integration.test_transactions_rules import Txn
+
+    broker = broker_factory()
+    bs = broker.bootstrap
+    create_topic(bs, topic_name, 1)
+    txn_id = f"tx-{topic_name}"
+    with Txn(bs) as w:
+        code, pid, epoch0 = w.init_until_done(txn_id)
+    assert code == 0
+    epoch = epoch0 + 1  # the producer's own InitProducerId bumps once more
+    start = MAX_SEQ - 6
+    ck_produce(bs, topic_name, [Out(0, None, b"plain")])
+    broker.stop()
+    part_dir = broker.data_dir / f"{topic_name}-0"
+    for old in part_dir.glob("*.snapshot"):
+        old.unlink()
+    now = int(time.time() * 1000)
+    entry = ProducerEntry(pid, epoch, -1, now, now, -1)
+    entry.batches.append(CachedBatch(start - 1, start - 1, 0, 0, now))
+    (part_dir / f"{1:020d}.snapshot").write_bytes(encode_snapshot([entry]))
+    broker.start()
+    p = producer(bs, batch_num_messages=3, transactional_id=txn_id, **{"oncelog.test.initial.sequence": start})
+    p.init_transactions(15)
+    for round_no in range(2):
+        p.begin_transaction()
+        for i in range(6):
+            p.produce(topic_name, f"r{round_no}-{i}", partition=0)
+        p.commit_transaction(15)
+    p.close()
+    batches = [b for b in log_batches(bs, topic_name)[1:] if not b.is_control]
+    assert data_values(batches) == [f"r{r}-{i}".encode() for r in range(2) for i in range(6)]
+    ids = [(b.producer_id, b.producer_epoch, b.base_sequence) for b in batches]
+    assert ids == [(pid, epoch, start), (pid, epoch, start + 3), (pid, epoch + 1, 0), (pid, epoch + 1, 3)], ids
