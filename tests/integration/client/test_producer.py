@@ -42,6 +42,7 @@ def test_round_trip_read_by_confluent_kafka(module_broker, topic_name, codec):
     for k, v, h, ts in sent:
         m = by_value[v]
         assert (m.topic(), m.key(), m.timestamp(), tuple(m.headers() or ())) == (topic_name, k, (1, ts), h)
+        assert 0 < m.latency() < 30 and m.error() is None and len(m) == len(v)
         if k is not None:
             assert m.partition() == partition_for_key(k, 3)
         expected.append(Rec(m.partition(), m.offset(), k, v, h, ts))

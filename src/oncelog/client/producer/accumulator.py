@@ -33,7 +33,7 @@ class ProducerBatch:
 
     __slots__ = ("topic", "partition", "builder", "records", "count", "size", "created", "deadline", "buf",
                  "producer_id", "producer_epoch", "base_sequence", "attempts", "possibly_written", "in_request",
-                 "done", "transactional", "retry_at", "closed")
+                 "done", "transactional", "retry_at", "closed", "completed")
 
     def __init__(self, topic: str, partition: int, compression: int, transactional: bool, keep_records: bool,
                  deadline: float) -> None:
@@ -56,6 +56,7 @@ class ProducerBatch:
         self.transactional = transactional
         self.retry_at = 0.0
         self.closed = False  # takes no more records (the partitioner was told)
+        self.completed = 0.0  # monotonic time of its delivery report
 
     @property
     def tp(self) -> tuple[str, int]:

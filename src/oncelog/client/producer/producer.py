@@ -43,10 +43,11 @@ _METADATA_WAIT = 60.0  # seconds produce() waits for a new topic's partitions (J
 class DeliveryReport:
     """What `on_delivery(err, msg)` gets as `msg`: confluent-kafka's Message accessors for a produced record."""
 
-    __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_headers", "_timestamp", "_error")
+    __slots__ = ("_topic", "_partition", "_offset", "_key", "_value", "_headers", "_timestamp", "_error",
+                 "_latency")
 
     def __init__(self, topic: str, partition: int, offset: int, key: Any, value: Any, headers: Any,
-                 timestamp: tuple[int, int], error: KafkaError | None) -> None:
+                 timestamp: tuple[int, int], error: KafkaError | None, latency: float | None = None) -> None:
         self._topic = topic
         self._partition = partition
         self._offset = offset
@@ -55,6 +56,7 @@ class DeliveryReport:
         self._headers = headers
         self._timestamp = timestamp
         self._error = error
+        self._latency = latency
 
     def topic(self) -> str:
         return self._topic
@@ -80,6 +82,10 @@ class DeliveryReport:
 
     def error(self) -> KafkaError | None:
         return self._error
+
+    def latency(self) -> float | None:
+        """Seconds from the start of the record's batch (its first record's produce()) to its delivery report."""
+        return self._latency
 
     def __len__(self) -> int:
         return 0 if self._value is None else len(self._value)
@@ -230,6 +236,7 @@ class _Core:
     # -- completions (on the loop) ------------------------------------------------------------------------
     def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int, error: KafkaError | None,
                   record_errors: dict[int, RecordError] | None) -> None:
+        batch.completed = time.monotonic()
         if error is not None and batch.records is None:
             log.warning("%d records for %s-%s not delivered: %s", batch.count, batch.topic, batch.partition, error)
         elif record_errors and batch.records is None:
@@ -268,6 +275,7 @@ class _Core:
             indexes = range(len(records))
         count = 0
         ts_type = TIMESTAMP_LOG_APPEND_TIME if log_append_time >= 0 else TIMESTAMP_CREATE_TIME
+        latency = batch.completed - batch.created
         try:
             for i in indexes:
                 count += 1
@@ -280,7 +288,8 @@ class _Core:
                     continue
                 offset = base_offset + i if base_offset >= 0 and err is None else -1
                 report = DeliveryReport(batch.topic, batch.partition, offset, key, value, headers,
-                                        (ts_type, log_append_time if log_append_time >= 0 else timestamp), err)
+                                        (ts_type, log_append_time if log_append_time >= 0 else timestamp), err,
+                                        latency)
                 if isinstance(callback, asyncio.Future):
                     if not callback.done():
                         if err is None:
