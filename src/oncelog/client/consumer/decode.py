@@ -77,6 +77,8 @@ class DecodedFetch(NamedTuple):
     def messages(self) -> list[Message]:
         """All records as Messages (the consumer makes them one by one as the application takes them)."""
         out: list[Message] = []
+        if not self.kinds:
+            return out
         bounds = [start for start, _ in self.kinds[1:]] + [len(self.records)]
         for (start, cls), end in zip(self.kinds, bounds, strict=True):
             out += map(partial(_new_tuple, cls), self.records[start:end])
