@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import argparse
 import base64
-import json
 import sys
 import time
+from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
 from .common import CommandError, admin_client, client_config, non_negative
@@ -71,13 +71,28 @@ def _text(data: bytes | None) -> str | None:
         return "base64:" + base64.b64encode(data).decode()
 
 
-def _as_json(msg: Any) -> str:
-    headers = msg.headers()
-    return json.dumps({
-        "topic": msg.topic(), "partition": msg.partition(), "offset": msg.offset(), "timestamp": msg.timestamp()[1],
-        "key": _text(msg.key()), "value": _text(msg.value()),
-        "headers": [[k, _text(v)] for k, v in headers] if headers else [],
-    }, separators=(",", ":"))
+def _quoted(data: bytes | None) -> str:
+    """A key, value or header as a JSON string (base64: prefix when not UTF-8), or null."""
+    text = _text(data)
+    return "null" if text is None else _quote(text)
+
+
+def _json_lines(records: list[Any]) -> str:
+    """JSON Lines for a batch of records, built with the C string escaper rather than a dict per record."""
+    lines = []
+    topic_json: dict[str | None, str] = {}
+    for m in records:
+        topic = m.topic()
+        tq = topic_json.get(topic)
+        if tq is None:
+            tq = topic_json[topic] = "null" if topic is None else _quote(topic)
+        headers = m.headers()
+        hq = "[" + ",".join(f"[{_quote(k)},{_quoted(v)}]" for k, v in headers) + "]" if headers else "[]"
+        lines.append(f'{{"topic":{tq},"partition":{m.partition()},"offset":{m.offset()},'
+                     f'"timestamp":{m.timestamp()[1]},"key":{_quoted(m.key())},"value":{_quoted(m.value())},'
+                     f'"headers":{hq}}}')
+    lines.append("")
+    return "\n".join(lines)
 
 
 class _Ends:
@@ -166,7 +181,7 @@ def _consume(args: argparse.Namespace) -> int:
 
 def _write(out: Any, records: list[Any], as_json: bool, print_key: bool, sep: bytes) -> None:
     if as_json:
-        out.write(("\n".join(_as_json(m) for m in records) + "\n").encode())
+        out.write(_json_lines(records).encode())
     elif print_key:
         out.write(b"".join((m.key() or b"") + sep + (m.value() or b"") + b"\n" for m in records))
     else:

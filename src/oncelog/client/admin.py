@@ -345,16 +345,19 @@ class AsyncAdmin:
                               ) -> dict[str, TopicDescription]:
         names = list(dict.fromkeys(names))
         resp = await self._metadata(names)
-        found = {}
         for t in resp.topics:
             _check(t.error_code, None, f"topic {t.name!r}")
+        configs_of = (await self._describe_configs(self._cluster.any_connection, RESOURCE_TOPIC, names, None, False)
+                      if include_configs and names else {})
+        found = {}
+        for t in resp.topics:
             partitions = tuple(
                 PartitionInfo(p.partition_index, p.leader_id, p.leader_epoch, tuple(p.replica_nodes),
                               tuple(p.isr_nodes))
                 for p in sorted(t.partitions, key=lambda p: p.partition_index)
             )
-            configs = await self.describe_topic_configs(t.name) if include_configs else None
-            found[t.name] = TopicDescription(t.name, kafka_uuid(t.topic_id), t.is_internal, partitions, configs)
+            found[t.name] = TopicDescription(t.name, kafka_uuid(t.topic_id), t.is_internal, partitions,
+                                             configs_of.get(t.name) if include_configs else None)
         return {name: found[name] for name in names}
 
     async def describe_topic(self, name: str, *, include_configs: bool = False) -> TopicDescription:
@@ -369,38 +372,46 @@ class AsyncAdmin:
             _check(result.error_code, result.error_message, f"topic {result.name!r}", result.name)
 
     # -- configs ----------------------------------------------------------------------------------------------------
-    async def _describe_configs(self, conn_for: Callable[[], Awaitable[Any]], resource_type: int, name: str,
-                                keys: Iterable[str] | None, synonyms: bool) -> dict[str, ConfigEntry]:
-        data = {"resources": [{"resource_type": resource_type, "resource_name": name,
-                               "configuration_keys": None if keys is None else list(keys)}],
+    async def _describe_configs(self, conn_for: Callable[[], Awaitable[Any]], resource_type: int,
+                                names: list[str], keys: Iterable[str] | None, synonyms: bool
+                                ) -> dict[str, dict[str, ConfigEntry]]:
+        """One DescribeConfigs for several resources of one type; the first failed resource raises."""
+        wanted = None if keys is None else list(keys)
+        data = {"resources": [{"resource_type": resource_type, "resource_name": name, "configuration_keys": wanted}
+                              for name in names],
                 "include_synonyms": synonyms, "include_documentation": False}
 
         async def attempt() -> Any:
             return await self._call(await conn_for(), ApiKey.DESCRIBE_CONFIGS, data)
 
         resp = await self._retrying(attempt)
-        (result,) = resp.results
-        what = f"topic {name!r}" if resource_type == RESOURCE_TOPIC else f"broker {name}"
-        _check(result.error_code, result.error_message, what, name)
-        return {
-            c.name: ConfigEntry(
-                c.name, c.value, CONFIG_SOURCES.get(c.config_source, "UNKNOWN"), c.read_only, c.is_sensitive,
-                tuple((s.name, s.value, CONFIG_SOURCES.get(s.source, "UNKNOWN")) for s in c.synonyms or ()),
-            )
-            for c in sorted(result.configs, key=lambda c: c.name)
-        }
+        out = {}
+        for result in resp.results:
+            name = result.resource_name
+            what = f"topic {name!r}" if resource_type == RESOURCE_TOPIC else f"broker {name}"
+            _check(result.error_code, result.error_message, what, name)
+            out[name] = {
+                c.name: ConfigEntry(
+                    c.name, c.value, CONFIG_SOURCES.get(c.config_source, "UNKNOWN"), c.read_only, c.is_sensitive,
+                    tuple((s.name, s.value, CONFIG_SOURCES.get(s.source, "UNKNOWN")) for s in c.synonyms or ()),
+                )
+                for c in sorted(result.configs, key=lambda c: c.name)
+            }
+        return out
 
     async def describe_topic_configs(self, topic: str, keys: Iterable[str] | None = None, *,
                                      synonyms: bool = False) -> dict[str, ConfigEntry]:
-        return await self._describe_configs(self._cluster.any_connection, RESOURCE_TOPIC, topic, keys, synonyms)
+        found = await self._describe_configs(self._cluster.any_connection, RESOURCE_TOPIC, [topic], keys, synonyms)
+        return found[topic]
 
     async def describe_broker_configs(self, broker_id: int | None = None, keys: Iterable[str] | None = None, *,
                                       synonyms: bool = False) -> dict[str, ConfigEntry]:
         if broker_id is None:
             broker_id = (await self.describe_cluster()).brokers[0][0]
         node = broker_id
-        return await self._describe_configs(lambda: self._cluster.connection(node), RESOURCE_BROKER, str(node),
-                                            keys, synonyms)
+        found = await self._describe_configs(lambda: self._cluster.connection(node), RESOURCE_BROKER, [str(node)],
+                                             keys, synonyms)
+        return found[str(node)]
 
     async def alter_topic_configs(self, topic: str, set: Mapping[str, str] | None = None,  # noqa: A002
                                   delete: Iterable[str] = (), append: Mapping[str, str] | None = None,

@@ -162,3 +162,13 @@ def test_async_admin_on_the_callers_loop(module_broker, topic_name):
                     info.value.code)
 
     assert asyncio.run(main()) == (2, 2, True, 36)
+
+
+def test_describe_several_topics_with_configs(admin, topic_name):
+    admin.create_topic(topic_name + "-a", 1, configs={"retention.ms": "1000"})
+    admin.create_topic(topic_name + "-b", 2)
+    both = admin.describe_topics([topic_name + "-b", topic_name + "-a"], include_configs=True)
+    assert list(both) == [topic_name + "-b", topic_name + "-a"]  # in the order asked
+    assert [len(d.partitions) for d in both.values()] == [2, 1]
+    assert [d.configs["retention.ms"].value for d in both.values()] == ["604800000", "1000"]
+    assert code_of(admin.describe_topics, [topic_name + "-a", topic_name + "-missing"]) == 3
