@@ -108,7 +108,8 @@ def _produce(args: argparse.Namespace) -> int:
         print_json({"topic": args.topic, "records": tally.delivered, "partitions": partitions,
                     "transactional_id": txn_id})
     else:
-        where = ", ".join(f"partition {p} offsets {r['first_offset']}-{r['last_offset']}" for p, r in partitions.items())
+        where = ", ".join(f"partition {p} offsets {r['first_offset']}-{r['last_offset']}" if r["first_offset"] >= 0
+                          else f"partition {p} (offsets unknown with acks=0)" for p, r in partitions.items())
         committed = f" in transaction {txn_id} (committed)" if txn_id else ""
         print(f"Produced {tally.delivered} records to {args.topic}{committed}" + (f": {where}." if where else "."))
     return 0
