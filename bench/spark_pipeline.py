@@ -7,7 +7,10 @@ the sum of the micro-batches' `triggerExecution` (time inside Spark's batches):
 
 - `oncelog -> noop`, `kafka -> noop`: the sources alone (format "oncelog" vs Spark's spark-sql-kafka-0-10);
 - `oncelog -> oncelog (exactly-once)`: the oncelog sink, transactional, where this checkout has it;
-- `kafka -> kafka (at-least-once)`: Spark's own Kafka source and sink.
+- `kafka -> kafka (at-least-once)`: Spark's own Kafka source and sink;
+- `rate -> oncelog`, `rate -> kafka`: the two sinks fed by Spark's JVM `rate-micro-batch` source (the same
+  100-byte values, `--batch-offsets` rows per micro-batch, processingTime 0 s until `--records` rows are in),
+  so the sinks are compared without a Python source in front of them.
 
 Every sink's output is read back under read_committed and checked: records, distinct values (duplicates) and
 missing values. Spark's Kafka connector is loaded where Maven can resolve it (see
@@ -87,8 +90,24 @@ class PipelineFailed(RuntimeError):
     pass
 
 
+def generated(spark: Any, rows_per_batch: int, partitions: int) -> Any:
+    """Spark's JVM rate source, shaped like the input topic: key = the index, value = the index in 100 bytes."""
+    return (spark.readStream.format("rate-micro-batch").option("rowsPerBatch", rows_per_batch)
+            .option("numPartitions", partitions).load()
+            .selectExpr("CAST(CAST(value AS STRING) AS BINARY) AS key",
+                        f"CAST(lpad(CAST(value AS STRING), {VALUE_BYTES}, '0') AS BINARY) AS value"))
+
+
 def run_pipeline(spark: Any, bootstrap: str, source: str, sink: str, in_topic: str, out_topic: str | None,
-                 batch_offsets: int, checkpoint: Path) -> dict:
+                 batch_offsets: int, checkpoint: Path, records: int = 0, partitions: int = 2) -> dict:
+    if source == "rate":
+        rows = generated(spark, batch_offsets, partitions)
+        writer = rows.writeStream.option("checkpointLocation", str(checkpoint)).trigger(processingTime="0 seconds")
+        if sink == "noop":
+            writer = writer.format("noop")
+        else:
+            writer = writer.format(sink).option("kafka.bootstrap.servers", bootstrap).option("topic", out_topic)
+        return _run_until(writer, records)
     reader = (spark.readStream.format(source).option("kafka.bootstrap.servers", bootstrap)
               .option("subscribe", in_topic).option("startingOffsets", "earliest")
               .option("maxOffsetsPerTrigger", str(batch_offsets)))
@@ -116,6 +135,28 @@ def run_pipeline(spark: Any, bootstrap: str, source: str, sink: str, in_topic: s
             "in_batches_s": in_spark, "in_batches_records_per_s": rows_in / in_spark if in_spark else None}
 
 
+def _run_until(writer: Any, records: int) -> dict:
+    """Run a never-ending query until its completed micro-batches hold `records` rows, then stop it.
+
+    Only completed (committed) batches count: the batch running when the query stops is aborted.
+    """
+    started = time.perf_counter()
+    query = writer.start()
+    try:
+        while sum(p["numInputRows"] for p in query.recentProgress) < records:
+            if query.exception() is not None:
+                raise PipelineFailed(str(query.exception()).strip().splitlines()[0][:300])
+            time.sleep(0.05)
+        wall = time.perf_counter() - started
+    finally:
+        query.stop()
+    progress = [p for p in query.recentProgress if p["numInputRows"]]
+    rows_in = sum(p["numInputRows"] for p in progress)
+    in_spark = sum(p["durationMs"].get("triggerExecution", 0) for p in progress) / 1000
+    return {"rows": rows_in, "wall_s": wall, "records_per_s": rows_in / wall, "batches": len(progress),
+            "in_batches_s": in_spark, "in_batches_records_per_s": rows_in / in_spark if in_spark else None}
+
+
 def verify(spark: Any, bootstrap: str, topic: str, expected: int) -> dict:
     """Output read back under read_committed: records, duplicates and missing values."""
     from pyspark.sql import functions as F
@@ -123,7 +164,10 @@ def verify(spark: Any, bootstrap: str, topic: str, expected: int) -> dict:
     df = (spark.read.format("oncelog").option("kafka.bootstrap.servers", bootstrap).option("subscribe", topic)
           .load())
     counts = df.agg(F.count("*").alias("n"), F.countDistinct("value").alias("distinct")).collect()[0]
-    return {"records": counts.n, "duplicates": counts.n - counts.distinct, "missing": expected - counts.distinct}
+    # `unexpected`: distinct values beyond the expected ones, e.g. rows of a micro-batch that was aborted when
+    # the query stopped but whose writes an at-least-once sink had already made visible.
+    return {"records": counts.n, "duplicates": counts.n - counts.distinct,
+            "missing": max(0, expected - counts.distinct), "unexpected": max(0, counts.distinct - expected)}
 
 
 def main() -> int:
@@ -132,6 +176,7 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--batch-offsets", type=int, default=250_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--runs", type=int, default=2, help="runs per pipeline (median reported)")
+    parser.add_argument("--only", default="", help="comma-separated pipelines to run, e.g. 'rate->oncelog,rate->kafka'")
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -159,11 +204,20 @@ def main() -> int:
             spark.sparkContext.setLogLevel("ERROR")
             from oncelog.spark import register
             register(spark)
+            pipelines = [("oncelog", "noop"), ("kafka", "noop"), ("oncelog", "oncelog"), ("kafka", "kafka"),
+                         ("rate", "oncelog"), ("rate", "kafka")]
+            if args.only:
+                wanted = {name.replace(" ", "") for name in args.only.split(",")}
+                pipelines = [(a, b) for a, b in pipelines if f"{a}->{b}" in wanted]
             # Start Spark's Python workers (planning and executors) before anything is timed.
-            spark.read.format("oncelog").option("kafka.bootstrap.servers", bootstrap).option(
-                "subscribe", "bench-in").load().limit(10).collect()
-
-            pipelines = [("oncelog", "noop"), ("kafka", "noop"), ("oncelog", "oncelog"), ("kafka", "kafka")]
+            if any(source == "oncelog" for source, _ in pipelines):
+                spark.read.format("oncelog").option("kafka.bootstrap.servers", bootstrap).option(
+                    "subscribe", "bench-in").load().limit(10).collect()
+            if any(sink == "oncelog" for _, sink in pipelines):
+                create_topic(bootstrap, "bench-warm-up", args.partitions)
+                spark.range(100).selectExpr("CAST(id AS STRING) AS value").repartition(args.partitions).write \
+                    .format("oncelog").option("kafka.bootstrap.servers", bootstrap) \
+                    .option("topic", "bench-warm-up").mode("append").save()
             sink_missing = None if has_oncelog_sink() else "this checkout has no oncelog sink"
             for source, sink in pipelines:
                 name = f"{source} -> {sink}"
@@ -182,13 +236,14 @@ def main() -> int:
                         create_topic(bootstrap, out_topic, args.partitions)
                     try:
                         r = run_pipeline(spark, bootstrap, source, sink, "bench-in", out_topic, args.batch_offsets,
-                                         tmp / f"ckpt-{source}-{sink}-{run}")
+                                         tmp / f"ckpt-{source}-{sink}-{run}", args.records, args.partitions)
                     except PipelineFailed as exc:
                         failure = f"failed: {exc}"
                         print(f"{name} run {run}: {failure}", flush=True)
                         break
                     if out_topic is not None:
-                        r["verify"] = verify(spark, bootstrap, out_topic, args.records)
+                        r["verify"] = verify(spark, bootstrap, out_topic, r["rows"] if source == "rate"
+                                             else args.records)
                     runs.append(r)
                     print(f"{name} run {run}: {r['rows']:,} rows, {r['wall_s']:.2f} s wall, "
                           f"{r['records_per_s']:,.0f} records/s ({r['batches']} batches, "
@@ -212,8 +267,8 @@ def main() -> int:
             print(f"{name:<24}{'-':>12}{'-':>14}  skipped: {r['skipped']}")
             continue
         checks = [run["verify"] for run in r["runs"] if "verify" in run]
-        check = (f"{sum(c['duplicates'] for c in checks)} duplicates, {sum(c['missing'] for c in checks)} missing"
-                 if checks else "-")
+        check = (f"{sum(c['duplicates'] for c in checks)} duplicates, {sum(c['missing'] for c in checks)} missing, "
+                 f"{sum(c.get('unexpected', 0) for c in checks)} unexpected" if checks else "-")
         print(f"{name:<24}{r['records_per_s']:>12,.0f}{r['in_batches_records_per_s']:>14,.0f}  {check}")
     out = ROOT / "bench" / "results" / f"spark_pipeline-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(results, indent=2))

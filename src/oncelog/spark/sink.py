@@ -45,6 +45,9 @@ Requirements on the user's query (the guarantee rests on them):
   a commit that comes too late fails the query, and its restart from the checkpoint replays the batch.
   Either way nothing is written twice and nothing is lost.
 - **Markers are group offsets**, kept for `offsets.retention.minutes` after the last batch that wrote them.
+- **No speculative execution** (`spark.speculation`, off by default): a speculative copy of a task fences the
+  copy whose transaction the driver is about to commit, so the commit fails and the query must be restarted.
+  Nothing is duplicated or lost, but the query stops.
 
 Batch writes (`df.write`) use the same machinery with a sink id made once per write job on the driver and
 batch id 0.

@@ -10,6 +10,7 @@ call, so the only per-row Python work left is the producer's own `produce()`.
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -84,9 +85,10 @@ def produce_batches(producer: Producer, batches: Iterable[pa.RecordBatch], topic
             if None in listed:
                 raise ValueError("a row has a null 'topic' and no 'topic' option is set")
             topics = listed
+        timestamp = time.time_ns() // 1_000_000  # one create time per Arrow batch, not a clock read per row
         for topic, value, key, partition, hdrs in zip(topics, values, keys, partitions, headers, strict=False):
             try:
-                produce(topic, value, key, partition, headers=hdrs)
+                produce(topic, value, key, partition, None, timestamp, hdrs)
             except BufferError:
                 _produce_when_room(producer, topic, value, key, partition, hdrs)
         rows += n
