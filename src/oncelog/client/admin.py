@@ -55,7 +55,7 @@ from .admin_types import (
 )
 from .cluster import Cluster
 from .config import ClientConfig
-from .errors import KafkaError, RetriableError, error_for
+from .errors import KafkaError, NetworkError, RetriableError, error_for
 from .runtime import get_runtime
 from .types import TopicPartition
 
@@ -236,9 +236,6 @@ class AsyncAdmin:
                 if recover is not None:
                     await recover(exc)
 
-    async def _refresh(self, _exc: KafkaError | None = None) -> None:
-        await self._cluster.refresh_metadata(force=True)
-
     async def _leaders(self, tps: Iterable[TP]) -> dict[int, list[TP]]:
         """Partitions grouped by leader; an unknown topic or partition raises UNKNOWN_TOPIC_OR_PARTITION."""
         tps = list(dict.fromkeys(tps))
@@ -276,7 +273,7 @@ class AsyncAdmin:
             return await send(await self._cluster.coordinator(key, key_type))
 
         async def recover(exc: KafkaError) -> None:
-            if exc.code in _COORDINATOR_MOVED or exc.code == ErrorCode.NETWORK_EXCEPTION:
+            if exc.code in _COORDINATOR_MOVED or isinstance(exc, NetworkError):
                 self._cluster.invalidate_coordinator(key, key_type)
 
         return await self._retrying(attempt, recover)
