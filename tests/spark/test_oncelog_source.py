@@ -8,6 +8,7 @@ nothing twice, nothing missing.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -263,3 +264,53 @@ def test_stream_subscribed_to_a_topic_that_does_not_exist_yet(oncelog_spark, mod
     committed = write_transactions(bootstrap, topic_name, [("commit", records("late", 6, 2))])
     stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint, startingOffsets="latest")
     assert rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name) == committed
+
+
+def test_running_stream_follows_the_lso_while_transactions_commit_and_abort(oncelog_spark, module_broker,
+                                                                            topic_name, tmp_path):
+    """A query with a processing-time trigger while producers write: transactions commit and abort under it,
+    one stays open across several micro-batches. The output is exactly the committed records, once each."""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    query = (oncelog_spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bootstrap)
+             .option("subscribe", topic_name).option("startingOffsets", "earliest").load()
+             .writeStream.format("memory").queryName("live_stream_out")
+             .option("checkpointLocation", str(tmp_path / "checkpoint"))
+             .trigger(processingTime="200 milliseconds").start())
+    try:
+        early: list[Rec] = []
+        for i in range(3):
+            early += write_transactions(bootstrap, topic_name, [("commit", records(f"e{i}", 8, 2)),
+                                                                ("abort", records(f"x{i}", 4, 2))])
+            time.sleep(0.3)
+        holder = transactional_producer(bootstrap)
+        held = produce_in_transaction(holder, topic_name, records("held", 6, 2))
+        later: list[Rec] = []
+        for i in range(3):
+            later += write_transactions(bootstrap, topic_name, [("commit", records(f"c{i}", 8, 2)),
+                                                                ("abort", records(f"a{i}", 4, 2))])
+            time.sleep(0.3)
+        # What was committed before the open transaction shows; everything after it is above the LSO.
+        deadline = time.monotonic() + 30
+        while len(oncelog_spark.sql("select value from live_stream_out").collect()) < len(early):
+            assert time.monotonic() < deadline, "the records committed before the open transaction did not show"
+            time.sleep(0.2)
+        time.sleep(1.5)
+        seen = oncelog_spark.sql("select partition, offset, key, value from live_stream_out").collect()
+        assert by_offset(Rec(r.partition, r.offset, r.key, r.value) for r in seen) == by_offset(early)
+        holder.commit_transaction(30)
+        expected = by_offset(early + held + later)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            rows = oncelog_spark.sql("select partition, offset, key, value from live_stream_out").collect()
+            if len(rows) >= len(expected):
+                break
+            assert query.exception() is None, query.exception()
+            time.sleep(0.2)
+        time.sleep(1.0)  # a duplicate would arrive in a later micro-batch
+        rows = oncelog_spark.sql("select partition, offset, key, value from live_stream_out").collect()
+        batches = [p for p in query.recentProgress if p.numInputRows > 0]
+    finally:
+        query.stop()
+    assert by_offset(Rec(r.partition, r.offset, r.key, r.value) for r in rows) == expected
+    assert len(batches) >= 2
