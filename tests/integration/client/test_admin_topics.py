@@ -11,7 +11,8 @@ import pytest
 from tests.integration.helpers import admin as ck_admin
 
 from oncelog.client.admin import Admin, AsyncAdmin
-from oncelog.client.errors import KafkaError, RetriableError
+from oncelog.client.errors import KafkaError, NetworkError, RetriableError
+from oncelog.client.types import TopicPartition
 
 
 @pytest.fixture(scope="module")
@@ -172,3 +173,22 @@ def test_describe_several_topics_with_configs(admin, topic_name):
     assert [len(d.partitions) for d in both.values()] == [2, 1]
     assert [d.configs["retention.ms"].value for d in both.values()] == ["604800000", "1000"]
     assert code_of(admin.describe_topics, [topic_name + "-a", topic_name + "-missing"]) == 3
+
+
+def test_admin_goes_on_after_a_broker_restart(broker_factory, topic_name):
+    broker = broker_factory()
+    client = Admin({"bootstrap.servers": broker.bootstrap, "reconnect.backoff.max.ms": 200}, api_timeout=3)
+    try:
+        client.create_topic(topic_name, 2)
+        client.alter_group_offsets("g", {(topic_name, 1): 7})
+        broker.restart()  # SIGKILL and start again on the same port: every connection is gone
+        assert [t.name for t in client.list_topics()] == [topic_name]
+        assert client.list_offsets({(topic_name, 1): "latest"})[TopicPartition(topic_name, 1)].offset == 0
+        assert client.list_group_offsets("g")[TopicPartition(topic_name, 1)].offset == 7
+        broker.kill()
+        with pytest.raises(NetworkError):  # retried until api_timeout, then the network error itself
+            client.list_topics()
+        broker.start()
+        assert client.describe_group("g").state == "Empty"
+    finally:
+        client.close()
