@@ -43,6 +43,8 @@ _offset_of = itemgetter(0)
 
 
 def cluster_for(options: ReadOptions) -> tuple[Cluster, ClientConfig]:
+    """The worker process's metadata and connections for these options, bootstrapped once and kept for the
+    next tasks and micro-batches the reused worker runs (a reconnect per task would cost more than a chunk)."""
     conf = {k: v for k, v in options.client_config().items() if k in _CONSUMER_KEYS}
     conf.setdefault("max.partition.fetch.bytes", str(DEFAULT_PARTITION_BYTES))
     key = ("oncelog.spark.fetch-cluster", tuple(sorted(conf.items())))
