@@ -82,10 +82,9 @@ class TransactionManager:
         if tp in self.added:
             self._sent_anything = True
             return True
-        if tp not in self._pending_add:
-            self._pending_add.add(tp)
-            if self._adding is None or self._adding.done():
-                self._adding = asyncio.get_running_loop().create_task(self._add_partitions())
+        self._pending_add.add(tp)
+        if self._adding is None or self._adding.done():  # (re)started: a task that died must not strand them
+            self._adding = asyncio.get_running_loop().create_task(self._add_partitions())
         return False
 
     def batch_failed(self, error: KafkaError) -> None:
@@ -304,6 +303,10 @@ class TransactionManager:
                 log.debug("AddPartitionsToTxn: %s", exc)
             except KafkaError as exc:
                 self._transition_to_error(exc)
+                return
+            except Exception as exc:  # a bug here must end the transaction visibly, not strand its records
+                log.exception("AddPartitionsToTxn handling failed")
+                self._transition_to_error(AbortableError(f"adding partitions to the transaction failed: {exc!r}"))
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, self.backoff_max)
