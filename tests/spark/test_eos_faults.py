@@ -28,7 +28,7 @@ import pytest
 
 from oncelog.spark import register
 from tests.integration.helpers import create_topic
-from tests.spark.eos_check import assert_exactly_once, nothing_pending, read_values, write_input
+from tests.spark.eos_check import assert_exactly_once, nothing_pending, read_values, verdict, write_input
 from tests.spark.session import start_session, stop_session
 
 # Rows reach the sink in Arrow batches of this size, so a task that fails half-way has already produced some.
@@ -150,7 +150,10 @@ def test_transaction_timeout_in_a_slow_task(retry_spark, reaper_broker, topic_na
     assert aborted_records_exist(bootstrap, sink, 2), "no transaction was aborted: the timeout did not strike"
     if query.exception() is not None:
         assert "could not commit" in str(query.exception()), query.exception()
-        assert read_values(bootstrap, sink, 2) == [], "a batch that failed to commit is partly visible"
+        # Partitions whose commit went through before the failure stay visible (visibility is per partition);
+        # the restart completes the batch and must not write them again.
+        partial = verdict(read_values(bootstrap, sink, 2), [v for _, v in data])
+        assert not partial.duplicates and not partial.unexpected, partial
         # Restarted with a timeout that covers a batch (1.5 s does not, on a busy machine).
         run_query(retry_spark, bootstrap, source, sink, checkpoint, per_trigger=300)
     assert_exactly_once(bootstrap, sink, 2, [v for _, v in data])
