@@ -422,7 +422,8 @@ class _Application:
                 self._feed.resume(state.tp)
         self._feed.fetcher.wake()
 
-    def get_watermark_offsets_cached(self, partition: TopicPartition) -> tuple[int, int]:
+    def _cached_watermarks(self, partition: TopicPartition) -> tuple[int, int]:
+        """(log start, high watermark) as the last fetch response of the partition told them."""
         state = self._feed.fetcher.states.get((partition.topic, partition.partition))
         if state is None:
             return (OFFSET_INVALID, OFFSET_INVALID)
@@ -622,7 +623,7 @@ class Consumer(_Application):
                               cached: bool = False) -> tuple[int, int]:
         """(low, high): the log start offset and the high watermark."""
         if cached:
-            return self.get_watermark_offsets_cached(partition)
+            return self._cached_watermarks(partition)
         tp = (partition.topic, partition.partition)
         timeout = _timeout(timeout)
         low = self._run(self._core.list_offsets({tp: EARLIEST_TIMESTAMP}, timeout, read_committed=False))
@@ -819,7 +820,7 @@ class AsyncConsumer(_Application):
     async def get_watermark_offsets(self, partition: TopicPartition, timeout: float | None = None,
                                     cached: bool = False) -> tuple[int, int]:
         if cached:
-            return self.get_watermark_offsets_cached(partition)
+            return self._cached_watermarks(partition)
         tp = (partition.topic, partition.partition)
         low = await self._core.list_offsets({tp: EARLIEST_TIMESTAMP}, _timeout(timeout), read_committed=False)
         high = await self._core.list_offsets({tp: LATEST_TIMESTAMP}, _timeout(timeout), read_committed=False)
