@@ -13,6 +13,7 @@ import pytest
 
 from oncelog.client import Producer
 from oncelog.client.errors import KafkaError
+from oncelog.client.partitioner import partition_for_key
 from oncelog.spark import register
 from oncelog.spark.options import OptionError
 from oncelog.spark.sink import OncelogStreamWriter, SinkCommit, finish, write_partition
@@ -195,3 +196,15 @@ def test_sink_options_and_columns_are_checked(sink_spark):
     with pytest.raises(Exception, match="overwrite"):
         sink_spark.createDataFrame([("a",)], "value string").write.format("oncelog") \
             .option("bootstrap.servers", "127.0.0.1:1").option("topic", "t").mode("overwrite").save()
+
+
+def test_keyed_rows_land_on_the_java_partitioner_partition(sink_spark, module_broker, topic_name):
+    """Without a partition column a key's partition is Java's murmur2 rule (hashed per Arrow column)."""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=3)
+    rows = [(f"user-{i % 37}", f"v{i}") for i in range(300)]
+    sink_spark.createDataFrame(rows, "key string, value string").repartition(2).write.format("oncelog") \
+        .option("kafka.bootstrap.servers", bootstrap).option("topic", topic_name).mode("append").save()
+    got = ck_consume(bootstrap, topic_name, {0: 0, 1: 0, 2: 0}, **{"isolation.level": "read_committed"})
+    assert sorted(r.value for r in got) == sorted(v.encode() for _, v in rows)
+    assert all(r.partition == partition_for_key(r.key, 3) for r in got)

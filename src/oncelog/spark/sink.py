@@ -67,6 +67,7 @@ from pyspark.sql.datasource import DataSourceArrowWriter, DataSourceStreamArrowW
 
 from oncelog.client import Producer
 from oncelog.client.errors import KafkaError, KafkaTimeoutError
+from oncelog.client.runtime import get_runtime
 from oncelog.spark import markers, txn_ids
 from oncelog.spark.options import OptionError
 from oncelog.spark.sink_rows import check_schema, first_rows, produce_batches
@@ -128,7 +129,7 @@ def write_partition(options: WriteOptions, sink_id: str, query_id: str, batch_id
             log.warning("%s: the marker (batch %d) was left by query %s, not this one (%s): starting afresh",
                         txid, marker.batch_id, marker.query_id, query_id)
         producer.begin_transaction()
-        rows = produce_batches(producer, rows_from, options.topic)
+        rows = produce_batches(producer, rows_from, options.topic, _partition_count(options))
         timeout = options.transaction_timeout_ms / 1000
         left = producer.flush(timeout)
         if left:
@@ -146,6 +147,16 @@ def write_partition(options: WriteOptions, sink_id: str, query_id: str, batch_id
     finally:
         _close_quietly(producer)
     return SinkCommit(sink_id, partition, batch_id, rows, False, txid, identity[0], identity[1])
+
+
+def _partition_count(options: WriteOptions) -> int | None:
+    """Partitions of the `topic` option's topic now (None: no such option, or the topic does not exist yet)."""
+    if options.topic is None:
+        return None
+    cluster, _ = markers.sink_cluster(options)
+    get_runtime().run(cluster.refresh_metadata([options.topic], force=True), timeout=60)
+    parts = cluster.partitions_for(options.topic)
+    return len(parts) if parts else None
 
 
 def finish(options: WriteOptions, messages: list[WriterCommitMessage | None], what: str) -> None:

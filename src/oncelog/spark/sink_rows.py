@@ -17,6 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from oncelog.client import Producer
+from oncelog.spark.key_partitions import partitions_for_keys
 from oncelog.spark.options import OptionError
 
 _BINARY_LIKE = ("string", "binary")
@@ -64,8 +65,26 @@ def _headers(batch: pa.RecordBatch) -> Iterable[Any]:
     return [None if h is None else [(e["key"], e["value"]) for e in h] for h in raw]
 
 
-def produce_batches(producer: Producer, batches: Iterable[pa.RecordBatch], topic_option: str | None) -> int:
-    """Produce every row of `batches` (inside the caller's open transaction); returns the row count."""
+def _partitions(batch: pa.RecordBatch, topic_partitions: int | None) -> Iterable[int | None]:
+    """The `partition` column; else, for keyed rows of one known topic, the key's partition computed for the
+    whole column at once (the producer's own rule); else None per row (the producer decides)."""
+    listed = _column(batch, "partition")
+    if listed is not None:
+        return listed
+    key_index = batch.schema.get_field_index("key")
+    if topic_partitions and key_index >= 0:
+        computed = partitions_for_keys(batch.column(key_index), topic_partitions)
+        if computed is not None:
+            return computed
+    return itertools.repeat(None)
+
+
+def produce_batches(producer: Producer, batches: Iterable[pa.RecordBatch], topic_option: str | None,
+                    topic_partitions: int | None = None) -> int:
+    """Produce every row of `batches` (inside the caller's open transaction); returns the row count.
+
+    `topic_partitions` is the partition count of `topic_option` when known: keys are then hashed per column.
+    """
     rows = 0
     produce = producer.produce
     for batch in batches:
@@ -75,7 +94,7 @@ def produce_batches(producer: Producer, batches: Iterable[pa.RecordBatch], topic
         values = _binary(batch, "value")
         assert values is not None
         keys = _binary(batch, "key") or itertools.repeat(None)
-        partitions = _column(batch, "partition") or itertools.repeat(None)
+        partitions = _partitions(batch, topic_partitions if topic_option is not None else None)
         headers = _headers(batch)
         if topic_option is not None:
             topics: Iterable[str] = itertools.repeat(topic_option)
