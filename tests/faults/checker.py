@@ -72,8 +72,9 @@ def check(events: Iterable[dict[str, Any]], final: FinalRead, *, txn_timeout_s: 
                                                   "acked": False, "offset": None})
             if e["phase"] == "ok":
                 a["acked"] = True
-                if e.get("offset", -1) >= 0:
-                    a["offset"] = e["offset"]
+                offset = e.get("offset")
+                if offset is not None and offset >= 0:  # None or -1: acknowledged without an offset (46)
+                    a["offset"] = offset
                 counts["acked_sends"] += 1
             elif e["phase"] == "invoke":
                 counts["sends"] += 1

@@ -179,3 +179,17 @@ def test_copier_retry_after_abort_is_clean_but_two_commits_are_a_duplicate():
 def test_expected_value_never_copied_is_lost():
     events, final = clean_history()
     only(check(events, final, expected={"copy:never"}), "lost_writes")
+
+
+def test_acknowledged_without_an_offset():
+    """librdkafka reports a DUPLICATE_SEQUENCE_NUMBER answer as delivered with no offset (None, logged as -1 or
+    missing): counted as acknowledged, placed by the reads."""
+    events, final = clean_history()
+    for e in events:
+        if e["op"] == "send" and e["v"] == "a:1" and e["phase"] == "ok":
+            e["offset"] = None
+    assert check(events, final).ok
+    for e in events:
+        if e["op"] == "send" and e["v"] == "a:1" and e["phase"] == "ok":
+            e["offset"] = -1
+    assert check(events, final).ok

@@ -70,6 +70,12 @@ def _client_modules(name: str):
     return ck.Producer, ck.Consumer, ck.TopicPartition
 
 
+def _offset(msg: Any) -> int:
+    """A delivered message's offset, -1 when the broker acknowledged it as a duplicate without one (46)."""
+    offset = msg.offset()
+    return -1 if offset is None else offset
+
+
 def _debug(args: argparse.Namespace) -> dict[str, str]:
     """librdkafka's own trace (FAULTS_DEBUG=eos,msg,...), for chasing a hang or an anomaly to its cause."""
     if os.environ.get("FAULTS_DEBUG") and args.client == "confluent":
@@ -89,7 +95,7 @@ def producer(args: argparse.Namespace, h: HistoryWriter) -> None:
 
     def report(err: Any, msg: Any, value: str, partition: int, seq: int) -> None:
         if err is None:
-            h.log("send", phase="ok", v=value, p=partition, seq=seq, offset=msg.offset())
+            h.log("send", phase="ok", v=value, p=partition, seq=seq, offset=_offset(msg))
         else:
             h.log("send", phase="fail", v=value, p=partition, seq=seq, error=str(err))
 
@@ -135,7 +141,7 @@ def txn_producer(args: argparse.Namespace, h: HistoryWriter) -> None:
                 p.produce(args.topic, value.encode(), partition=partition,
                           on_delivery=lambda e, m, v=value, pt=partition, s=n, x=txn: h.log(
                               "send", phase="ok" if e is None else "fail", v=v, p=pt, seq=s, txn=x,
-                              **({"offset": m.offset()} if e is None else {"error": str(e)})))
+                              **({"offset": _offset(m)} if e is None else {"error": str(e)})))
                 n += 1
                 p.poll(0)
             if rng.random() < 0.05:
