@@ -340,8 +340,13 @@ class Sender:
             return
         except Exception as exc:  # a malformed answer: we cannot know what the broker did
             for batch in request.values():
-                self._on_request_failed(batch, NetworkError(f"bad Produce response: {exc!r}"))
+                self._settle(batch, self._on_request_failed, NetworkError(f"bad Produce response: {exc!r}"))
             return
+        except BaseException:  # cancelled: the request may have been written; never leave a batch "in a request"
+            for batch in request.values():
+                batch.in_request = False
+                batch.possibly_written = True
+            raise
         finally:
             self._in_flight[node] -= 1
             self.wake()
@@ -353,10 +358,32 @@ class Sender:
                 if batch is None:
                     continue
                 answered.add(tp)
-                self._on_answer(batch, p)
+                self._settle(batch, self._on_answer, p)
         for tp, batch in request.items():
             if tp not in answered:
-                self._on_request_failed(batch, NetworkError(f"the Produce response has no answer for {tp}"))
+                self._settle(batch, self._on_request_failed,
+                             NetworkError(f"the Produce response has no answer for {tp}"))
+
+    def _settle(self, batch: ProducerBatch, handler: Callable[[ProducerBatch, Any], None], answer: Any) -> None:
+        """Apply one partition's answer so that an exception there (a completion that raises) cannot strand it.
+
+        A batch left marked as in a request blocks its partition for good: `Partition.retry_ready` and
+        `ready_for_new` wait for it, `_fail_expired` skips it, and flush() waits until its timeout. So the batch
+        leaves the request even when its handler fails, and if it is still unresolved it fails for good (with its
+        followers, KIP-360) instead of waiting for an answer that was already consumed.
+        """
+        try:
+            handler(batch, answer)
+        except Exception as exc:
+            log.exception("handling the answer for %r failed", batch)
+            batch.in_request = False
+            if not batch.done:
+                try:
+                    self._fail_batch_and_followers(batch, KafkaError(f"producer error handling the answer: {exc!r}"))
+                except Exception:
+                    log.exception("failing %r failed", batch)
+        finally:
+            batch.in_request = False
 
     # -- answers --------------------------------------------------------------------------------------------
     def _on_request_failed(self, batch: ProducerBatch, error: KafkaError) -> None:

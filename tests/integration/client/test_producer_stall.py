@@ -1,0 +1,40 @@
+"""Sender wake-up and in-flight bookkeeping: no answer path may leave a partition with pending batches and nothing
+that will ever send them again (issue 6: a partition's records not sent within delivery.timeout.ms)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.integration.client.producer_support import Reports, high_watermark, producer
+from tests.integration.helpers import create_topic
+
+
+def test_a_failing_answer_handler_does_not_strand_the_other_partitions_of_the_request(module_broker, topic_name):
+    """One Produce request carries a batch of each partition (max.in.flight 1, one broker). If handling the first
+    partition's answer raises, the other partition's batch must still leave the request: before the fix it stayed
+    marked in flight forever, so its partition never sent again and flush() ran into its timeout."""
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 2)
+    reports = Reports()
+    p = producer(bs, linger_ms=200, max_in_flight_requests_per_connection=1)
+    sender = p._core.sender
+    original = sender.complete
+    raised: list[Any] = []
+
+    def complete_then_raise(batch: Any, *args: Any) -> None:
+        original(batch, *args)
+        if not raised:
+            raised.append(batch.tp)
+            raise RuntimeError("a completion that fails (for the test)")
+
+    sender.complete = complete_then_raise
+    for i in range(10):
+        p.produce(topic_name, b"a%d" % i, partition=0, on_delivery=reports)
+        p.produce(topic_name, b"b%d" % i, partition=1, on_delivery=reports)
+    assert p.flush(8) == 0, "a partition stalled behind a batch left in flight"
+    p.close()
+    assert len(raised) == 1
+    assert reports.errors() == []
+    assert len(reports.delivered()) == 20
+    assert (high_watermark(bs, topic_name, 0), high_watermark(bs, topic_name, 1)) == (10, 10)
+    assert sender.stats["requests"] == 1  # both batches were in the one request the failure happened in
