@@ -24,7 +24,15 @@ from typing import TYPE_CHECKING, Any
 from oncelog.errors import ErrorCode
 from oncelog.protocol.apis import ApiKey
 
-from ..errors import AbortableError, FatalError, KafkaError, KafkaTimeoutError, RetriableError, error_for
+from ..errors import (
+    AbortableError,
+    FatalError,
+    KafkaError,
+    KafkaTimeoutError,
+    NetworkError,
+    RetriableError,
+    error_for,
+)
 from .idempotence import MAX_SEQUENCE, Idempotence, Identity
 
 if TYPE_CHECKING:
@@ -73,6 +81,8 @@ class TransactionManager:
         self._adding: asyncio.Task | None = None
         self._offsets_groups: set[str] = set()
         self._sent_anything = False
+        # an AddPartitionsToTxn went out and its answer was lost: the coordinator may have started the transaction
+        self._maybe_started = False
 
     # -- what the sender asks ---------------------------------------------------------------------------------
     def may_send(self, tp: tuple[str, int]) -> bool:
@@ -145,6 +155,7 @@ class TransactionManager:
         self._pending_add.clear()
         self._offsets_groups.clear()
         self._sent_anything = False
+        self._maybe_started = False
         self.last_error = None
         self.state = State.IN_TRANSACTION
 
@@ -233,6 +244,11 @@ class TransactionManager:
             await asyncio.wait({adding}, timeout=max(0.0, deadline - time.monotonic()))
         if self.added or self._offsets_groups:
             await self._end_txn(False, deadline)
+        elif self._maybe_started:
+            # The coordinator may have applied an AddPartitionsToTxn whose answer was lost: without EndTxn its
+            # transaction would stay Ongoing (holding back the LSO) until transaction.timeout.ms. If it was never
+            # started, the coordinator answers INVALID_TXN_STATE: nothing to abort.
+            await self._end_txn(False, deadline, not_started_ok=True)
         if failed or self._sent_anything:
             await self._init_producer_id(deadline, bump=True)
         self.state = State.READY
@@ -257,11 +273,12 @@ class TransactionManager:
                  resp.producer_epoch)
         self.wake()
 
-    async def _end_txn(self, commit: bool, deadline: float) -> None:
+    async def _end_txn(self, commit: bool, deadline: float, not_started_ok: bool = False) -> None:
         ident = self._identity()
         await self._coordinator_call(ApiKey.END_TXN, 4, {
             "transactional_id": self.transactional_id, "producer_id": ident.producer_id,
-            "producer_epoch": ident.epoch, "committed": commit}, deadline)
+            "producer_epoch": ident.epoch, "committed": commit}, deadline,
+            accept=frozenset({ErrorCode.INVALID_TXN_STATE}) if not_started_ok else frozenset())
 
     async def _add_partitions(self) -> None:
         """AddPartitionsToTxn for the partitions the sender is waiting on, retried until they are in."""
@@ -275,11 +292,14 @@ class TransactionManager:
             data = {"v3_and_below_transactional_id": self.transactional_id,
                     "v3_and_below_producer_id": ident.producer_id, "v3_and_below_producer_epoch": ident.epoch,
                     "v3_and_below_topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+            sent = False
             try:
                 conn = await self.cluster.coordinator(self.transactional_id, COORDINATOR_TRANSACTION)
                 version = conn.api_version(ApiKey.ADD_PARTITIONS_TO_TXN, 3, 0)
+                sent = True
                 resp = await conn.call(ApiKey.ADD_PARTITIONS_TO_TXN, data, version=version,
                                        timeout=self.request_timeout)
+                sent = False  # answered: `added` says what the coordinator has
                 codes: dict[tuple[str, int], int] = {}
                 for t in resp.results_by_topic_v3_and_below:
                     for p in t.results_by_partition:
@@ -301,10 +321,13 @@ class TransactionManager:
                     return
             except RetriableError as exc:
                 log.debug("AddPartitionsToTxn: %s", exc)
+                self._maybe_started |= sent and isinstance(exc, NetworkError)
             except KafkaError as exc:
+                self._maybe_started |= sent
                 self._transition_to_error(exc)
                 return
             except Exception as exc:  # a bug here must end the transaction visibly, not strand its records
+                self._maybe_started |= sent
                 log.exception("AddPartitionsToTxn handling failed")
                 self._transition_to_error(AbortableError(f"adding partitions to the transaction failed: {exc!r}"))
                 return
@@ -312,7 +335,7 @@ class TransactionManager:
             delay = min(delay * 2, self.backoff_max)
 
     async def _coordinator_call(self, api_key: int, max_version: int, data: dict[str, Any], deadline: float,
-                                min_version: int = 0) -> Any:
+                                min_version: int = 0, accept: frozenset[int] = frozenset()) -> Any:
         """One coordinator request, retried (with rediscovery) on retriable answers until `deadline`.
 
         Non-retriable answers are classified by `error_for(coordinator=True)`: fencing is fatal and ends the
@@ -326,7 +349,7 @@ class TransactionManager:
                 resp = await conn.call(api_key, _for_version(data, version, api_key), version=version,
                                        timeout=self.request_timeout)
                 code = resp.error_code
-                if code == 0:
+                if code == 0 or code in accept:
                     return resp
                 if code in _COORDINATOR_MOVED:
                     self.cluster.invalidate_coordinator(self.transactional_id, COORDINATOR_TRANSACTION)
