@@ -105,7 +105,7 @@ class Sender:
         self.loop: asyncio.AbstractEventLoop | None = None
         # what the rules did, for tests and metrics
         self.stats = {"requests": 0, "retries": 0, "duplicates": 0, "epoch_bumps": 0, "rebatched": 0,
-                      "unknown_producer": 0}
+                      "unknown_producer": 0, "unreachable": 0}
 
     # -- the loop -----------------------------------------------------------------------------------------
     def wake(self) -> None:
@@ -169,6 +169,7 @@ class Sender:
                 conn = await self.cluster.connection(node)
             except KafkaError as exc:
                 log.debug("no connection to node %s: %s", node, exc)
+                self.stats["unreachable"] += 1
                 for tp in tps:
                     self._metadata_wanted.add(tp[0])
                 next_due = min(next_due, time.monotonic() + self.backoff)
