@@ -8,6 +8,8 @@ from typing import Any
 from tests.integration.client.producer_support import Reports, high_watermark, producer
 from tests.integration.helpers import create_topic
 
+from oncelog.client.producer.idempotence import Partition
+
 
 def test_a_failing_answer_handler_does_not_strand_the_other_partitions_of_the_request(module_broker, topic_name):
     """One Produce request carries a batch of each partition (max.in.flight 1, one broker). If handling the first
@@ -38,3 +40,32 @@ def test_a_failing_answer_handler_does_not_strand_the_other_partitions_of_the_re
     assert len(reports.delivered()) == 20
     assert (high_watermark(bs, topic_name, 0), high_watermark(bs, topic_name, 1)) == (10, 10)
     assert sender.stats["requests"] == 1  # both batches were in the one request the failure happened in
+
+
+def test_a_batch_that_cannot_be_built_fails_alone_and_strands_nothing(module_broker, topic_name, monkeypatch):
+    """Building one partition's batch for a request raises (its bytes cannot be made): that batch is reported
+    failed, and the batches taken for the same request go out. Before the fix the exception ended the round with
+    the other batch marked in flight for good and this one dropped off the queue unreported, so flush() timed out."""
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 2)
+    reports = Reports()
+    p = producer(bs, linger_ms=200, max_in_flight_requests_per_connection=1)
+    original = Partition.assign
+    raised: list[Any] = []
+
+    def assign_or_raise(self: Partition, batch: Any) -> None:
+        if batch.partition == 1 and not raised:
+            raised.append(batch)
+            raise ValueError("cannot build this batch (for the test)")
+        original(self, batch)
+
+    monkeypatch.setattr(Partition, "assign", assign_or_raise)
+    for i in range(10):
+        p.produce(topic_name, b"a%d" % i, partition=0, on_delivery=reports)
+        p.produce(topic_name, b"b%d" % i, partition=1, on_delivery=reports)
+    assert p.flush(8) == 0, "a batch was stranded or lost"
+    p.close()
+    assert len(raised) == 1
+    assert sorted(m.value() for m in reports.delivered()) == sorted(b"a%d" % i for i in range(10))
+    assert len(reports.errors()) == 10 and all("could not build" in str(e) for e in reports.errors())
+    assert (high_watermark(bs, topic_name, 0), high_watermark(bs, topic_name, 1)) == (10, 0)

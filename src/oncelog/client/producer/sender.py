@@ -218,23 +218,31 @@ class Sender:
         free = self.max_in_flight - self._in_flight.get(node, 0)
         requests: list[dict[tuple[str, int], ProducerBatch]] = []
         sizes: list[int] = []
-        for tp in tps:
-            taken = self._take(tp, now, free)
-            slot = 0
-            for j, batch in enumerate(taken):
-                while slot < len(requests) and (tp in requests[slot] or
-                                                 sizes[slot] + len(batch.buf) > self.max_request_bytes):
+        try:
+            for tp in tps:
+                taken = self._take(tp, now, free)
+                slot = 0
+                for j, batch in enumerate(taken):
+                    while slot < len(requests) and (tp in requests[slot] or
+                                                     sizes[slot] + len(batch.buf) > self.max_request_bytes):
+                        slot += 1
+                    if slot == len(requests):
+                        if len(requests) >= free:
+                            for rest in reversed(taken[j:]):  # no room: first next round, same identity
+                                self._give_back(rest)
+                            break
+                        requests.append({})
+                        sizes.append(0)
+                    requests[slot][tp] = batch
+                    sizes[slot] += len(batch.buf)
                     slot += 1
-                if slot == len(requests):
-                    if len(requests) >= free:
-                        for rest in reversed(taken[j:]):  # no room: first next round, same identity
-                            self._give_back(rest)
-                        break
-                    requests.append({})
-                    sizes.append(0)
-                requests[slot][tp] = batch
-                sizes[slot] += len(batch.buf)
-                slot += 1
+        except Exception:
+            # what was taken for a request that will not go out must not stay marked as in one: that partition
+            # would wait for an answer that never comes (and its batches would never expire)
+            for request in requests:
+                for batch in request.values():
+                    self._give_back(batch)
+            raise
         for request in requests:
             self._sent_in_round += 1
             self._in_flight[node] = self._in_flight.get(node, 0) + 1
@@ -275,7 +283,13 @@ class Sender:
                     part.resend.popleft()
                 else:
                     self.acc.pop(tp)
-            part.assign(batch)
+            try:
+                part.assign(batch)
+            except Exception as exc:  # its bytes cannot be built: report it, do not lose it off the queue
+                log.exception("could not build %r", batch)
+                batch.done = True
+                self.complete(batch, -1, -1, KafkaError(f"could not build the batch: {exc!r}"), None)
+                continue
             batch.in_request = True
             out.append(batch)
         return out
