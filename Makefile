@@ -30,12 +30,14 @@ lint: setup
 bench: setup
 	$(PY) bench/produce_fetch.py
 
-# Fault runs (tests/faults): RUNS runs, first every workload under all nemeses mixed, then each nemesis alone;
+# Fault runs (tests/faults): RUNS runs, first every workload under all nemeses mixed, then each nemesis alone,
+# each with every client of CLIENTS in turn (confluent-kafka and oncelog's own);
 # prints the anomaly table and writes JSON to FAULTS_OUT (a directory or a .json path). Zero anomalies or exit 1.
 RUNS ?= 3
 SEED ?= 1
 FAULT_SECONDS ?= 30
 FAULTS_OUT ?= bench/results
+CLIENTS ?= confluent,oncelog
 # Fuzzing (tests/fuzz): fresh random inputs, FUZZ_EXAMPLES per in-process target, FUZZ_E2E_EXAMPLES requests
 # (at most FUZZ_SECONDS) against a real broker.
 FUZZ_EXAMPLES ?= 20000
@@ -47,7 +49,8 @@ ATHERIS_SECONDS ?= 120
 .PHONY: faults fuzz
 
 faults: setup
-	$(PY) -m tests.faults.runner --runs $(RUNS) --seed $(SEED) --seconds $(FAULT_SECONDS) --out $(FAULTS_OUT)
+	$(PY) -m tests.faults.runner --runs $(RUNS) --seed $(SEED) --seconds $(FAULT_SECONDS) \
+		--clients $(CLIENTS) --out $(FAULTS_OUT)
 
 fuzz: setup
 	FUZZ_RANDOM=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_E2E_EXAMPLES=$(FUZZ_E2E_EXAMPLES) FUZZ_SECONDS=$(FUZZ_SECONDS) \

@@ -12,15 +12,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,7 @@ class RunResult:
     workload: str
     nemeses: list[str]
     seed: int
+    client: str
     report: dict[str, Report] = field(default_factory=dict)
     faults: int = 0
     operations: int = 0
@@ -87,11 +90,21 @@ def _workers_copy(client: str) -> list[Worker]:
             Worker("lso-monitor", "copy-lso", ["--topic", "copy-out", "--interval", "0.5"])]
 
 
+def _workers_spark(client: str) -> list[Worker]:
+    """The input producer uses `client`; the pipeline uses oncelog's Spark source and sink whatever it is."""
+    return [Worker("producer", "src", ["--topic", "spark-in", "--rate", "200", "--client", client]),
+            Worker("spark-copy", "spark", ["--topic", "spark-out", "--in-topic", "spark-in"]),
+            Worker("lso-monitor", "spark-lso", ["--topic", "spark-out", "--interval", "0.5"])]
+
+
 WORKLOADS: dict[str, tuple[Callable[[str], list[Worker]], list[str]]] = {
     "idempotent": (_workers_idempotent, ["idem"]),
     "transactions": (_workers_transactions, ["txn"]),
     "eos-copy": (_workers_copy, ["copy-in", "copy-out"]),
+    "spark": (_workers_spark, ["spark-in", "spark-out"]),
 }
+COPY_OUTPUTS = ("copy-out", "spark-out")  # topics that must hold `copy:` + every value the `src` producer acked
+CLIENTS = ("confluent", "oncelog")  # confluent-kafka (librdkafka) and oncelog's own client
 NEMESES = ("broker-kill", "broker-pause", "client-kill", "proxy-delay", "proxy-blackhole", "proxy-lose-responses",
            "proxy-cut", "disk-full", "fsync-fail")
 DISK_MB = 256  # the size-limited data directory of runs with the disk-full nemesis
@@ -216,7 +229,7 @@ class Run:
                 self.broker.start()
             self.proxy.upstream_port = self.broker.port
         elif fault == "client-kill":
-            victims = [w for w in self.workers if w.kind in ("producer", "txn-producer", "copier")
+            victims = [w for w in self.workers if w.kind in ("producer", "txn-producer", "copier", "spark-copy")
                        and w.proc is not None and w.proc.poll() is None]
             if victims:
                 w = self.rng.choice(victims)
@@ -257,14 +270,16 @@ class Run:
         self.nemesis_log.close()
         reports: dict[str, Report] = {}
         events = list(read_events(self.history))
-        input_acked = {e["v"] for e in events if e["op"] == "send" and e["phase"] == "ok"
-                       and e["w"].startswith("src")}
+        inputs = [e for e in events if e["op"] == "send" and e["w"].startswith("src")]
+        input_acked = {e["v"] for e in inputs if e["phase"] == "ok"}
+        input_tried = {e["v"] for e in inputs}
         for topic in WORKLOADS[self.workload][1]:
             final = self.final_read(topic)
             mine = [e for e in events if _topic_of(e, self.workers) in (topic, None)]
-            expected = {"copy:" + v for v in input_acked} if topic == "copy-out" else set()
+            copy = topic in COPY_OUTPUTS
             reports[topic] = check(mine, final, txn_timeout_s=TXN_TIMEOUT_MS / 1000, margin_s=10,
-                                   expected=expected)
+                                   expected={"copy:" + v for v in input_acked} if copy else set(),
+                                   possible={"copy:" + v for v in input_tried} if copy else set())
         return reports
 
     def final_read(self, topic: str) -> FinalRead:
@@ -330,11 +345,11 @@ def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client
         finally:
             run.stop()
             if keep is not None:
-                dest = keep / f"{workload}-{seed}"
+                dest = keep / f"{workload}-{client}-{seed}"
                 subprocess.run(["cp", "-r", tmp, str(dest)], check=False)
         operations = sum(1 for e in read_events(run.history) if e.get("phase") in ("invoke", None)
                          and e["op"] in ("send", "read", "delete"))
-    return RunResult(workload, nemeses, seed, reports, run.faults, operations, time.monotonic() - started,
+    return RunResult(workload, nemeses, seed, client, reports, run.faults, operations, time.monotonic() - started,
                      len(run.hung) + len(run.stuck))
 
 
@@ -343,7 +358,7 @@ def summarize(results: list[RunResult], all_nemeses: list[str] | None = None) ->
     for r in results:
         counts = {name: sum(len(rep.anomalies[name]) for rep in r.report.values()) for name in ANOMALIES}
         label = _nemesis_label(r.nemeses, all_nemeses or r.nemeses)
-        rows.append({"workload": r.workload, "seed": r.seed, "nemesis": label, "nemeses": r.nemeses,
+        rows.append({"workload": r.workload, "client": r.client, "seed": r.seed, "nemesis": label, "nemeses": r.nemeses,
                      "faults": r.faults,
                      "operations": r.operations, "seconds": round(r.seconds, 1),
                      "client_restarts": r.client_restarts, **counts,
@@ -359,24 +374,27 @@ def print_table(summary: dict[str, Any]) -> None:
     short = {"lost_writes": "lost", "duplicates": "dup", "aborted_reads": "G1a", "uncommitted_reads": "uncommit",
              "reordering": "reorder", "nonmonotonic_polls": "nonmono", "inconsistent_offsets": "inconsist",
              "phantoms": "phantom", "hanging_transactions": "hanging"}
-    head = (f"{'workload':<14}{'nemesis':<22}{'seed':>6}{'faults':>8}{'ops':>8}{'restarts':>10}"
+    head = (f"{'workload':<14}{'client':<10}{'nemesis':<22}{'seed':>6}{'faults':>8}{'ops':>8}{'restarts':>10}"
             + "".join(f"{short[n]:>10}" for n in ANOMALIES))
     print(head)
     for r in summary["runs"]:
-        print(f"{r['workload']:<14}{r['nemesis'][:21]:<22}{r['seed']:>6}{r['faults']:>8}{r['operations']:>8}"
+        print(f"{r['workload']:<14}{r['client']:<10}{r['nemesis'][:21]:<22}{r['seed']:>6}{r['faults']:>8}{r['operations']:>8}"
               f"{r['client_restarts']:>10}" + "".join(f"{r[n]:>10}" for n in ANOMALIES))
     t = summary["total"]
-    print(f"{'TOTAL':<14}{str(t['runs']) + ' runs':<22}{'':>6}{t['faults']:>8}{t['operations']:>8}"
+    print(f"{'TOTAL':<14}{'':<10}{str(t['runs']) + ' runs':<22}{'':>6}{t['faults']:>8}{t['operations']:>8}"
           f"{t['client_restarts']:>10}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
 
 
-def plan(runs: int, workloads: list[str], nemeses: list[str]) -> list[tuple[str, list[str]]]:
-    """Which workload under which nemeses, run by run: first every workload under all nemeses mixed, then every
-    workload under each nemesis alone; around again when `runs` is larger than that matrix."""
+def plan(runs: int, workloads: list[str], nemeses: list[str],
+         clients: Sequence[str] = ("confluent",)) -> list[tuple[str, list[str], str]]:
+    """Which workload under which nemeses with which client, run by run: first every workload under all nemeses
+    mixed, then every workload under each nemesis alone; each cell once per client in a row, so consecutive runs
+    alternate clients and an even `runs` covers them equally; around again when `runs` is larger than that."""
     cells = [(w, list(nemeses)) for w in workloads]
     if len(nemeses) > 1:
         cells += [(w, [n]) for n in nemeses for w in workloads]
-    return [cells[i % len(cells)] for i in range(runs)]
+    matrix = [(w, ns, c) for w, ns in cells for c in clients]
+    return [matrix[i % len(matrix)] for i in range(runs)]
 
 
 def _nemesis_label(run_nemeses: list[str], all_nemeses: list[str]) -> str:
@@ -398,6 +416,21 @@ def usable_nemeses(nemeses: list[str]) -> list[str]:
     return nemeses
 
 
+def usable_workloads(workloads: list[str]) -> list[str]:
+    """The workloads this machine can run: spark needs a JDK on PATH and pyspark (the `spark` extra)."""
+    unknown = sorted(set(workloads) - set(WORKLOADS))
+    if unknown:
+        raise SystemExit(f"unknown workloads {unknown}; known: {', '.join(WORKLOADS)}")
+    if "spark" in workloads:
+        missing = [] if shutil.which("java") else ["a JDK (`java` on PATH)"]
+        if importlib.util.find_spec("pyspark") is None:
+            missing.append("pyspark (the `spark` extra)")
+        if missing:
+            print(f"skipping the spark workload: it needs {' and '.join(missing)}", flush=True)
+            workloads = [w for w in workloads if w != "spark"]
+    return workloads
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=3)
@@ -405,21 +438,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
     parser.add_argument("--nemeses", default=",".join(NEMESES))
-    parser.add_argument("--client", choices=("confluent", "oncelog"), default="confluent")
+    parser.add_argument("--clients", default=",".join(CLIENTS),
+                        help="comma-separated clients the workers use (confluent, oncelog); runs alternate them")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"),
                         help="directory for faults-<time>.json, or a path ending in .json")
     parser.add_argument("--keep", help="copy each run's histories and logs into this directory")
     args = parser.parse_args(argv)
-    workloads = args.workloads.split(",")
+    workloads = usable_workloads(args.workloads.split(","))
+    clients = args.clients.split(",")
+    if unknown := sorted(set(clients) - set(CLIENTS)):
+        raise SystemExit(f"unknown clients {unknown}; known: {', '.join(CLIENTS)}")
     nemeses = usable_nemeses(args.nemeses.split(","))
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
     results = []
-    for i, (workload, run_nemeses) in enumerate(plan(args.runs, workloads, nemeses)):
-        result = one_run(workload, run_nemeses, args.seed + i, args.seconds, args.client, keep)
+    for i, (workload, run_nemeses, client) in enumerate(plan(args.runs, workloads, nemeses, clients)):
+        result = one_run(workload, run_nemeses, args.seed + i, args.seconds, client, keep)
         results.append(result)
-        print(f"run {i + 1}/{args.runs}: {workload} under {_nemesis_label(run_nemeses, nemeses)} seed "
+        print(f"run {i + 1}/{args.runs}: {workload} ({client}) under {_nemesis_label(run_nemeses, nemeses)} seed "
               f"{args.seed + i}: {result.faults} faults, {result.operations} ops, {result.seconds:.0f} s", flush=True)
     summary = summarize(results, nemeses)
     print_table(summary)

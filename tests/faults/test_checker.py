@@ -181,6 +181,17 @@ def test_expected_value_never_copied_is_lost():
     only(check(events, final, expected={"copy:never"}), "lost_writes")
 
 
+def test_copy_of_an_unanswered_input_is_possible_not_a_phantom():
+    """A pipeline copies an input whose producer was killed before its answer: no history writes the copy."""
+    events, final = clean_history()
+    final.committed[0].append((50, "copy:maybe"))
+    final.uncommitted[0].append((50, "copy:maybe"))
+    only(check(events, final), "phantoms")
+    assert check(events, final, possible={"copy:maybe"}).ok
+    final.committed[0].append((51, "copy:maybe"))
+    only(check(events, final, possible={"copy:maybe"}), "duplicates")
+
+
 def test_acknowledged_without_an_offset():
     """librdkafka reports a DUPLICATE_SEQUENCE_NUMBER answer as delivered with no offset (None, logged as -1 or
     missing): counted as acknowledged, placed by the reads."""

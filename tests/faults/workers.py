@@ -4,7 +4,7 @@ Run as `python -m tests.faults.workers KIND --bootstrap ... --history DIR --name
 processes so the nemesis can SIGKILL a client, and they stop by themselves after `--seconds`.
 Kinds: producer (idempotent), txn-producer (random aborts and stalls past the transaction timeout), reader
 (read_committed or read_uncommitted, from the beginning), deleter (DeleteRecords churn), lso-monitor, copier
-(consume-transform-produce exactly once). `--client` picks confluent-kafka (librdkafka) or oncelog's own client.
+(consume-transform-produce exactly once), spark-copy (the Spark exactly-once pipeline). `--client` picks confluent-kafka (librdkafka) or oncelog's own client.
 """
 
 from __future__ import annotations
@@ -332,8 +332,67 @@ def _rewind(c: Any, TopicPartition: Any) -> None:
     raise RuntimeError("copier could not rewind to the committed offsets")
 
 
+SPARK_DRAIN_IDLE_S = 8.0  # after its deadline the pipeline stops once a drain pass has read nothing this long
+
+
+def spark_copy(args: argparse.Namespace, h: HistoryWriter) -> None:
+    """The Spark exactly-once pipeline: oncelog source (--in-topic) -> `copy:<value>` -> oncelog exactly-once
+    sink (--topic), a streaming query on local[2] with a short processing-time trigger, checkpointed next to the
+    histories so a SIGKILLed driver (its JVM dies with it) restarts where the last committed batch ended.
+
+    A query that fails (a broker killed or paused longer than a transaction) is started again from the
+    checkpoint, as an application would. After the deadline, Trigger.AvailableNow passes drain the input until
+    one has read nothing for SPARK_DRAIN_IDLE_S. The sink's writes are not in the history: the checker expects
+    `copy:` + every acknowledged input value in the output, exactly once.
+    """
+    from pyspark.sql.functions import concat, lit
+
+    from oncelog.spark import register
+    from tests.spark.session import start_session, stop_session
+
+    run_dir = Path(args.history).parent
+    spark = start_session(run_dir / f"spark-{args.name}", conf={"spark.sql.execution.arrow.maxRecordsPerBatch": "500"})
+    register(spark)
+    deadline = time.monotonic() + args.seconds
+
+    def start(**trigger: Any) -> Any:
+        src = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", args.bootstrap)
+               .option("subscribe", args.in_topic).option("startingOffsets", "earliest")
+               .option("maxOffsetsPerTrigger", "3000").load())
+        out = src.select("key", concat(lit(bytearray(b"copy:")), src.value).alias("value"))
+        return (out.writeStream.format("oncelog").option("kafka.bootstrap.servers", args.bootstrap)
+                .option("topic", args.topic).option("transaction.timeout.ms", str(args.txn_timeout_ms))
+                .option("checkpointLocation", str(run_dir / "spark-checkpoint")).trigger(**trigger).start())
+
+    def finished(query: Any) -> int | None:
+        """Rows the query read if it ended well; None (recorded) if it failed."""
+        failure = query.exception()
+        if failure is not None:
+            h.log("info", error=f"query failed, restarting from the checkpoint: {failure}"[:2000])
+            return None
+        return sum(p["numInputRows"] for p in query.recentProgress)
+
+    while time.monotonic() < deadline:
+        query = start(processingTime="1 second")
+        while time.monotonic() < deadline and query.isActive:
+            query.awaitTermination(1)
+        if query.isActive:
+            query.stop()
+        finished(query)
+    idle_since = time.monotonic()
+    while time.monotonic() - idle_since < SPARK_DRAIN_IDLE_S and time.monotonic() < deadline + DRAIN_MAX_S:
+        query = start(availableNow=True)
+        query.awaitTermination()
+        rows = finished(query)
+        if rows:
+            idle_since = time.monotonic()
+        elif rows is None:
+            time.sleep(FATAL_PAUSE_S)
+    stop_session(spark)
+
+
 KINDS = {"producer": producer, "txn-producer": txn_producer, "reader": reader, "deleter": deleter,
-         "lso-monitor": lso_monitor, "copier": copier}
+         "lso-monitor": lso_monitor, "copier": copier, "spark-copy": spark_copy}
 
 
 def main(argv: list[str] | None = None) -> int:
