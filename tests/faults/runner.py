@@ -105,8 +105,9 @@ WORKLOADS: dict[str, tuple[Callable[[str], list[Worker]], list[str]]] = {
 }
 COPY_OUTPUTS = ("copy-out", "spark-out")  # topics that must hold `copy:` + every value the `src` producer acked
 CLIENTS = ("confluent", "oncelog")  # confluent-kafka (librdkafka) and oncelog's own client
-NEMESES = ("broker-kill", "broker-pause", "client-kill", "proxy-delay", "proxy-blackhole", "proxy-lose-responses",
-           "proxy-cut", "disk-full", "fsync-fail")
+# The order decides the first round of single-nemesis runs (see `plan`): client-kill meets the spark workload.
+NEMESES = ("broker-kill", "broker-pause", "fsync-fail", "client-kill", "proxy-delay", "proxy-blackhole",
+           "proxy-lose-responses", "proxy-cut", "disk-full")
 DISK_MB = 256  # the size-limited data directory of runs with the disk-full nemesis
 BROKER_SETTINGS = {
     "transaction.max.timeout.ms": 60_000,
@@ -387,13 +388,21 @@ def print_table(summary: dict[str, Any]) -> None:
 
 def plan(runs: int, workloads: list[str], nemeses: list[str],
          clients: Sequence[str] = ("confluent",)) -> list[tuple[str, list[str], str]]:
-    """Which workload under which nemeses with which client, run by run: first every workload under all nemeses
-    mixed, then every workload under each nemesis alone; each cell once per client in a row, so consecutive runs
-    alternate clients and an even `runs` covers them equally; around again when `runs` is larger than that."""
-    cells = [(w, list(nemeses)) for w in workloads]
+    """Which workload under which nemeses with which client, run by run.
+
+    First every workload under all nemeses mixed, each once per client in a row (consecutive runs alternate
+    clients). Then every nemesis alone, in rounds: each round gives every nemesis one run, each on the next
+    (workload, client) pair, workloads turning fastest, so the first round already puts every nemesis alone
+    against most workloads and both clients, and after as many rounds as there are pairs every nemesis has met
+    every pair exactly once. Around again when `runs` is larger than the whole matrix.
+    """
+    matrix = [(w, list(nemeses), c) for w in workloads for c in clients]
     if len(nemeses) > 1:
-        cells += [(w, [n]) for n in nemeses for w in workloads]
-    matrix = [(w, ns, c) for w, ns in cells for c in clients]
+        pairs = [(w, c) for c in clients for w in workloads]
+        for rnd in range(len(pairs)):
+            for i, n in enumerate(nemeses):
+                w, c = pairs[(i + rnd) % len(pairs)]
+                matrix.append((w, [n], c))
     return [matrix[i % len(matrix)] for i in range(runs)]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.faults.runner import plan, usable_workloads
+from tests.faults.runner import NEMESES, plan, usable_workloads
 
 
 def test_eight_runs_cover_four_workloads_with_both_clients_under_the_mix():
@@ -19,8 +19,20 @@ def test_eight_runs_cover_four_workloads_with_both_clients_under_the_mix():
 def test_single_nemesis_cells_follow_and_the_plan_wraps_around():
     runs = plan(14, ["a"], ["x", "y"], ["confluent", "oncelog"])
     assert runs[:6] == [("a", ["x", "y"], "confluent"), ("a", ["x", "y"], "oncelog"), ("a", ["x"], "confluent"),
-                        ("a", ["x"], "oncelog"), ("a", ["y"], "confluent"), ("a", ["y"], "oncelog")]
+                        ("a", ["y"], "oncelog"), ("a", ["x"], "oncelog"), ("a", ["y"], "confluent")]
     assert runs[6:12] == runs[:6]
+
+
+def test_twenty_runs_put_every_nemesis_alone_and_the_whole_matrix_meets_every_pair_once():
+    workloads = ["idempotent", "transactions", "eos-copy", "spark"]
+    clients = ["confluent", "oncelog"]
+    runs = plan(80, workloads, list(NEMESES), clients)
+    first = runs[:20]
+    assert {(w, c) for w, n, c in first if len(n) > 1} == {(w, c) for w in workloads for c in clients}
+    assert {n[0] for _, n, _ in first if len(n) == 1} == set(NEMESES)
+    assert ("spark", ["client-kill"], "confluent") in first  # the Spark driver may be SIGKILLed
+    singles = [(w, n[0], c) for w, n, c in runs if len(n) == 1]
+    assert sorted(singles) == sorted((w, n, c) for w in workloads for n in NEMESES for c in clients)
 
 
 def test_unknown_workload_is_refused():
