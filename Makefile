@@ -50,7 +50,7 @@ ATHERIS_SECONDS ?= 120
 
 faults: setup
 	$(PY) -m tests.faults.runner --runs $(RUNS) --seed $(SEED) --seconds $(FAULT_SECONDS) \
-		--clients $(CLIENTS) --out $(FAULTS_OUT)
+		--clients $(CLIENTS) --out $(FAULTS_OUT) $(if $(FAULTS_KEEP),--keep $(FAULTS_KEEP))
 
 fuzz: setup
 	FUZZ_RANDOM=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_E2E_EXAMPLES=$(FUZZ_E2E_EXAMPLES) FUZZ_SECONDS=$(FUZZ_SECONDS) \
