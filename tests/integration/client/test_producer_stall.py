@@ -8,6 +8,7 @@ from typing import Any
 from tests.integration.client.producer_support import Reports, high_watermark, producer
 from tests.integration.helpers import create_topic
 
+from oncelog.client.producer.accumulator import ProducerBatch
 from oncelog.client.producer.idempotence import Partition
 
 
@@ -60,6 +61,34 @@ def test_a_batch_that_cannot_be_built_fails_alone_and_strands_nothing(module_bro
         original(self, batch)
 
     monkeypatch.setattr(Partition, "assign", assign_or_raise)
+    for i in range(10):
+        p.produce(topic_name, b"a%d" % i, partition=0, on_delivery=reports)
+        p.produce(topic_name, b"b%d" % i, partition=1, on_delivery=reports)
+    assert p.flush(8) == 0, "a batch was stranded or lost"
+    p.close()
+    assert len(raised) == 1
+    assert sorted(m.value() for m in reports.delivered()) == sorted(b"a%d" % i for i in range(10))
+    assert len(reports.errors()) == 10 and all("could not build" in str(e) for e in reports.errors())
+    assert (high_watermark(bs, topic_name, 0), high_watermark(bs, topic_name, 1)) == (10, 0)
+
+
+def test_without_idempotence_a_batch_that_cannot_be_built_is_reported_failed(module_broker, topic_name, monkeypatch):
+    """The same failure on a producer without idempotence: the batch's records get their delivery error instead of
+    vanishing (before the fix the exception escaped the round and the batch, already off the queue, was lost)."""
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 2)
+    reports = Reports()
+    p = producer(bs, linger_ms=200, enable_idempotence=False, acks=1, max_in_flight_requests_per_connection=1)
+    original = ProducerBatch.seal
+    raised: list[Any] = []
+
+    def seal_or_raise(self: ProducerBatch, *args: Any) -> None:
+        if self.partition == 1 and not raised:
+            raised.append(self)
+            raise ValueError("cannot build this batch (for the test)")
+        original(self, *args)
+
+    monkeypatch.setattr(ProducerBatch, "seal", seal_or_raise)
     for i in range(10):
         p.produce(topic_name, b"a%d" % i, partition=0, on_delivery=reports)
         p.produce(topic_name, b"b%d" % i, partition=1, on_delivery=reports)

@@ -308,7 +308,13 @@ class Sender:
                 if batch is None:
                     break
                 self.acc.pop(tp)
-            batch.seal(-1, -1, -1)
+            try:
+                batch.seal(-1, -1, -1)
+            except Exception as exc:  # as for sequenced batches: reported failed, never dropped unreported
+                log.exception("could not build %r", batch)
+                batch.done = True
+                self.complete(batch, -1, -1, KafkaError(f"could not build the batch: {exc!r}"), None)
+                continue
             out.append(batch)
         for b in out:
             b.in_request = True
