@@ -101,6 +101,8 @@ class Cluster:
         self._refresh_covers: frozenset[str] = frozenset()
         self._refresh_started = 0.0
         self._periodic: asyncio.Task | None = None
+        # Called on the loop after every metadata answer is applied: a producer picks up partitions added later.
+        self.metadata_listeners: list[Callable[[], None]] = []
         self._closed = False
         self._rotation = 0
 
@@ -347,6 +349,8 @@ class Cluster:
             self.topics[t.name] = TopicMetadata(t.name, t.error_code, partitions,
                                                 bool(getattr(t, "is_internal", False)), getattr(t, "topic_id", None))
         self._metadata_at = time.monotonic()
+        for listener in self.metadata_listeners:
+            listener()
 
     def _adopt_bootstrap_connections(self) -> None:
         """A bootstrap connection to an address that turns out to be node N becomes node N's connection."""

@@ -11,6 +11,7 @@ import pytest
 from tests.integration.client.producer_support import Reports, data_values, log_batches, producer
 from tests.integration.helpers import Rec, ck_consume, ck_producer, create_topic, kcat_consume, kcat_path
 
+from oncelog.client.admin import Admin
 from oncelog.client.errors import KafkaError
 from oncelog.client.partitioner import partition_for_key
 from oncelog.client.producer import AsyncProducer
@@ -143,6 +144,34 @@ def test_produce_errors_surface(module_broker, topic_name):
     assert len(p) == 10
     assert p.flush(30) == 0 and len(p) == 0
     p.close()
+
+
+def test_partitions_added_later_are_used(module_broker, topic_name):
+    """CreatePartitions grows the topic under running producers: keys are spread over the new count once the
+    periodic refresh (metadata.max.age.ms) has seen it, and an explicit partition past the known count refreshes
+    metadata instead of failing, as Kafka's clients do."""
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 1)
+    reports = Reports()
+    p = producer(bs, metadata_max_age_ms=300)
+    explicit = producer(bs)  # default max age: only the explicit partition makes it look again
+    for q in (p, explicit):
+        q.produce(topic_name, b"before", key=b"k0", on_delivery=reports)
+        assert q.flush(10) == 0
+    with Admin({"bootstrap.servers": bs}) as admin:
+        admin.create_partitions(topic_name, 4)
+    time.sleep(1.0)  # past metadata.max.age.ms: the periodic refresh has run
+    keys = [f"k{i}".encode() for i in range(40)]
+    for k in keys:
+        p.produce(topic_name, b"after", key=k, on_delivery=reports)
+    explicit.produce(topic_name, b"explicit", partition=3, on_delivery=reports)
+    for q in (p, explicit):
+        assert q.flush(10) == 0
+        q.close()
+    assert reports.errors() == []
+    got = {(m.value(), m.key()): m.partition() for m in reports.delivered()}
+    assert got[(b"before", b"k0")] == 0 and got[(b"explicit", None)] == 3
+    assert {k: got[(b"after", k)] for k in keys} == {k: partition_for_key(k, 4) for k in keys}
 
 
 def test_async_producer(module_broker, topic_name):

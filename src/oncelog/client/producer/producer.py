@@ -141,6 +141,7 @@ class _Core:
         self.loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._partitions: dict[str, list[int]] = {}
+        self.cluster.metadata_listeners.append(self._metadata_applied)
         self.closed = False
 
     # -- lifecycle (on the loop) ---------------------------------------------------------------------------
@@ -176,6 +177,15 @@ class _Core:
             loop.call_soon_threadsafe(self.sender.wake)
 
     # -- partitions -----------------------------------------------------------------------------------------
+    def _metadata_applied(self) -> None:
+        """Partitions added to a topic (CreatePartitions) are used once metadata shows them, as in Kafka's
+        clients: the periodic refresh (metadata.max.age.ms) or any forced one brings them in. A topic that
+        disappeared keeps its list, so produce() goes on and the broker's answer reports the error."""
+        for topic, known in list(self._partitions.items()):
+            parts = self.cluster.partitions_for(topic)
+            if parts and parts != known:
+                self._partitions[topic] = parts
+
     def _batch_closed(self, topic: str, partition: int) -> None:
         parts = self._partitions.get(topic)
         if parts:
@@ -351,7 +361,7 @@ class Producer:
         if core.txn is not None or core.closed or core.sender.fatal is not None:
             core.check_produce()
         parts = core._partitions.get(topic)
-        if parts is None:
+        if parts is None or (partition is not None and partition >= len(parts)):  # unknown, or maybe added since
             parts = self._runtime.run(core.partitions_async(topic))
         core.append(topic, parts, value, key, partition, headers, timestamp, on_delivery or callback)
 
@@ -506,7 +516,7 @@ class AsyncProducer:
         if core.txn is not None or core.closed or core.sender.fatal is not None:
             core.check_produce()
         parts = core._partitions.get(topic)
-        if parts is None:
+        if parts is None or (partition is not None and partition >= len(parts)):  # unknown, or maybe added since
             parts = await core.partitions_async(topic)
         future = asyncio.get_running_loop().create_future()
         if on_delivery is not None:
