@@ -3,6 +3,7 @@ and as the check of where a reset put the group."""
 
 from __future__ import annotations
 
+import json
 import time
 
 from confluent_kafka import Consumer
@@ -67,7 +68,19 @@ def test_groups_end_to_end(module_broker, topic_name):
                                                                        group)["offsets"]}
     assert offsets == {0: 5, 1: 5}  # a dry run changes nothing
 
-    done = cli_json(bootstrap, "groups", "reset-offsets", group, "--all-topics", "--to-offset", "2")
+    implicit = run_cli(bootstrap, "groups", "reset-offsets", group, "--all-topics", "--to-offset", "2", "--json")
+    assert implicit.returncode == 0, implicit.stderr
+    assert json.loads(implicit.stdout)["dry_run"] is True  # Kafka's rule: no --execute, no change
+    assert "add --execute to reset the offsets" in implicit.stderr
+    offsets = {o["partition"]: o["current_offset"] for o in cli_json(bootstrap, "groups", "describe",
+                                                                       group)["offsets"]}
+    assert offsets == {0: 5, 1: 5}
+    both = run_cli(bootstrap, "groups", "reset-offsets", group, "--all-topics", "--to-offset", "2", "--dry-run",
+                   "--execute")
+    assert both.returncode == 2 and "argument --execute: not allowed with argument --dry-run" in both.stderr
+
+    done = cli_json(bootstrap, "groups", "reset-offsets", group, "--all-topics", "--to-offset", "2", "--execute")
+    assert done["dry_run"] is False
     assert [(r["partition"], r["current"], r["target"]) for r in done["partitions"]] == [(0, 5, 2), (1, 5, 2)]
     described = cli_json(bootstrap, "groups", "describe", group)
     assert [(o["partition"], o["current_offset"], o["lag"]) for o in described["offsets"]] == [(0, 2, 3), (1, 2, 3)]
@@ -78,9 +91,11 @@ def test_groups_end_to_end(module_broker, topic_name):
         consumer.close()
     wait_until(lambda: state_of(bootstrap, group) == "Empty", what="group empty")
 
-    latest = cli_json(bootstrap, "groups", "reset-offsets", group, "--topic", topic_name, "--to-latest")
+    latest = cli_json(bootstrap, "groups", "reset-offsets", group, "--topic", topic_name, "--to-latest",
+                      "--execute")
     assert [r["target"] for r in latest["partitions"]] == [5, 5]
-    earliest = cli_json(bootstrap, "groups", "reset-offsets", group, "--topic", topic_name, "--to-earliest")
+    earliest = cli_json(bootstrap, "groups", "reset-offsets", group, "--topic", topic_name, "--to-earliest",
+                        "--execute")
     assert [r["target"] for r in earliest["partitions"]] == [0, 0]
 
     assert cli_json(bootstrap, "groups", "delete", group) == {"deleted": [group]}
@@ -92,7 +107,8 @@ def test_groups_end_to_end(module_broker, topic_name):
 def test_reset_with_progress_and_text(module_broker, topic_name):
     bootstrap, group = module_broker.bootstrap, topic_name + "-g"
     cli_json(bootstrap, "topics", "create", topic_name, "-p", "3")
-    proc = run_cli(bootstrap, "groups", "reset-offsets", group, "--topic", topic_name, "--to-latest", "--progress")
+    proc = run_cli(bootstrap, "groups", "reset-offsets", group, "--topic", topic_name, "--to-latest", "--progress",
+                   "--execute")
     assert proc.returncode == 0, proc.stderr
     assert f"resetting {group} [" in proc.stderr and "100.0% 3/3 partitions" in proc.stderr
     rows = [line.split() for line in proc.stdout.splitlines()]
@@ -100,5 +116,5 @@ def test_reset_with_progress_and_text(module_broker, topic_name):
         [topic_name, str(p), "-", "0"] for p in range(3)]
     text = run_cli(bootstrap, "groups", "describe", group).stdout.splitlines()
     assert text[0] == f"Group: {group}  State: Empty  Protocol: -/-  Coordinator: 0  Members: 0"
-    assert cli_error(bootstrap, "groups", "reset-offsets", group + "-new", "--all-topics", "--to-latest") == (
+    assert cli_error(bootstrap, "groups", "reset-offsets", group + "-new", "--all-topics", "--to-latest", "--execute") == (
         f"oncelog: error: group '{group}-new' has no committed offsets; name the partitions with --topic")

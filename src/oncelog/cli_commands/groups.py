@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from .common import CommandError, admin_client, topic_partitions
@@ -38,7 +39,10 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     target.add_argument("--to-latest", action="store_true")
     target.add_argument("--to-offset", type=int, metavar="OFFSET")
     target.add_argument("--shift-by", type=int, metavar="N", help="move the committed offsets by N (may be < 0)")
-    reset.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
+    # Kafka's kafka-consumer-groups.sh: a reset only changes offsets with --execute; without it, the plan is shown.
+    mode = reset.add_mutually_exclusive_group()
+    mode.add_argument("--execute", action="store_true", help="commit the new offsets")
+    mode.add_argument("--dry-run", action="store_true", help="print the plan, change nothing (the default)")
     reset.add_argument("--progress", action="store_true", default=None, help="draw a progress bar even if stderr "
                        "is not a terminal")
     reset.set_defaults(handler=_reset)
@@ -119,7 +123,8 @@ def _reset(args: argparse.Namespace) -> int:
                 else:
                     partitions += [(topic, p) for p in chosen]
         plan = admin.plan_group_offset_reset(args.group, partitions, to=to, value=value)
-        if not args.dry_run:
+        dry_run = not args.execute
+        if not dry_run:
             with Progress(f"resetting {args.group}", len(plan), unit="partitions", enabled=args.progress) as bar:
                 for start in range(0, len(plan), COMMIT_CHUNK):
                     chunk = plan[start:start + COMMIT_CHUNK]
@@ -127,10 +132,12 @@ def _reset(args: argparse.Namespace) -> int:
                     bar.advance(len(chunk))
     rows = [r.as_dict() for r in plan]
     if args.json:
-        print_json({"group": args.group, "dry_run": args.dry_run, "partitions": rows})
+        print_json({"group": args.group, "dry_run": dry_run, "partitions": rows})
     else:
         print_table(["TOPIC", "PARTITION", "CURRENT OFFSET", "NEW OFFSET"],
                     [(r.topic, r.partition, r.current, r.target) for r in plan])
-        if args.dry_run:
-            print("(dry run: nothing changed)")
+    if dry_run and not args.dry_run:
+        print("oncelog: nothing changed: this was a plan; add --execute to reset the offsets", file=sys.stderr)
+    elif dry_run and not args.json:
+        print("(dry run: nothing changed)")
     return 0
