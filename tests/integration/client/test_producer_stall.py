@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from tests.integration.client.producer_support import Reports, high_watermark, producer
 from tests.integration.helpers import create_topic
 
@@ -43,52 +44,31 @@ def test_a_failing_answer_handler_does_not_strand_the_other_partitions_of_the_re
     assert sender.stats["requests"] == 1  # both batches were in the one request the failure happened in
 
 
-def test_a_batch_that_cannot_be_built_fails_alone_and_strands_nothing(module_broker, topic_name, monkeypatch):
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "plain"])
+def test_a_batch_that_cannot_be_built_fails_alone_and_strands_nothing(module_broker, topic_name, monkeypatch,
+                                                                      idempotent):
     """Building one partition's batch for a request raises (its bytes cannot be made): that batch is reported
-    failed, and the batches taken for the same request go out. Before the fix the exception ended the round with
-    the other batch marked in flight for good and this one dropped off the queue unreported, so flush() timed out."""
+    failed, and the batches taken for the same request go out. Before the fix, with idempotence, the exception ended
+    the round with the other batch marked in flight for good and this one dropped off the queue unreported, so
+    flush() timed out; without idempotence the batch, already off the queue, was lost unreported."""
     bs = module_broker.bootstrap
     create_topic(bs, topic_name, 2)
     reports = Reports()
-    p = producer(bs, linger_ms=200, max_in_flight_requests_per_connection=1)
-    original = Partition.assign
+    conf: dict[str, Any] = {} if idempotent else {"enable_idempotence": False, "acks": 1}
+    p = producer(bs, linger_ms=200, max_in_flight_requests_per_connection=1, **conf)
+    # Sequenced batches are built by Partition.assign, plain ones by ProducerBatch.seal directly.
+    owner, name = (Partition, "assign") if idempotent else (ProducerBatch, "seal")
+    original = getattr(owner, name)
     raised: list[Any] = []
 
-    def assign_or_raise(self: Partition, batch: Any) -> None:
+    def build_or_raise(self: Any, *args: Any) -> None:
+        batch = args[0] if idempotent else self
         if batch.partition == 1 and not raised:
             raised.append(batch)
             raise ValueError("cannot build this batch (for the test)")
-        original(self, batch)
-
-    monkeypatch.setattr(Partition, "assign", assign_or_raise)
-    for i in range(10):
-        p.produce(topic_name, b"a%d" % i, partition=0, on_delivery=reports)
-        p.produce(topic_name, b"b%d" % i, partition=1, on_delivery=reports)
-    assert p.flush(8) == 0, "a batch was stranded or lost"
-    p.close()
-    assert len(raised) == 1
-    assert sorted(m.value() for m in reports.delivered()) == sorted(b"a%d" % i for i in range(10))
-    assert len(reports.errors()) == 10 and all("could not build" in str(e) for e in reports.errors())
-    assert (high_watermark(bs, topic_name, 0), high_watermark(bs, topic_name, 1)) == (10, 0)
-
-
-def test_without_idempotence_a_batch_that_cannot_be_built_is_reported_failed(module_broker, topic_name, monkeypatch):
-    """The same failure on a producer without idempotence: the batch's records get their delivery error instead of
-    vanishing (before the fix the exception escaped the round and the batch, already off the queue, was lost)."""
-    bs = module_broker.bootstrap
-    create_topic(bs, topic_name, 2)
-    reports = Reports()
-    p = producer(bs, linger_ms=200, enable_idempotence=False, acks=1, max_in_flight_requests_per_connection=1)
-    original = ProducerBatch.seal
-    raised: list[Any] = []
-
-    def seal_or_raise(self: ProducerBatch, *args: Any) -> None:
-        if self.partition == 1 and not raised:
-            raised.append(self)
-            raise ValueError("cannot build this batch (for the test)")
         original(self, *args)
 
-    monkeypatch.setattr(ProducerBatch, "seal", seal_or_raise)
+    monkeypatch.setattr(owner, name, build_or_raise)
     for i in range(10):
         p.produce(topic_name, b"a%d" % i, partition=0, on_delivery=reports)
         p.produce(topic_name, b"b%d" % i, partition=1, on_delivery=reports)
