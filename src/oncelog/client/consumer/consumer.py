@@ -66,6 +66,22 @@ def _timeout(timeout: float | None) -> float | None:
     return None if timeout is None or timeout < 0 else timeout
 
 
+def _deadline(timeout: float | None) -> float | None:
+    timeout = _timeout(timeout)
+    return None if timeout is None else time.monotonic() + timeout
+
+
+_DONE = -1.0  # what `_Feed.collect` and `_left` return when the call has nothing more to wait for
+
+
+def _left(deadline: float | None) -> float | None:
+    """Seconds to wait until `deadline` (None: no end), or _DONE when it has passed."""
+    if deadline is None:
+        return None
+    left = deadline - time.monotonic()
+    return left if left > 0 else _DONE
+
+
 class _Core:
     """The loop side: cluster, fetcher, offsets and group member, used through coroutines."""
 
@@ -314,6 +330,14 @@ class _Feed:
             out += cur.messages(i, j)
             cur.index = j
 
+    def collect(self, n: int, out: list[Message], deadline: float | None) -> float | None:
+        """One round of consume(), shared by the sync and async consumers: take what is ready, then say how long
+        to wait for more, or _DONE when `out` is full, ends with an event, or the deadline has passed."""
+        self.take(n, out)
+        if len(out) >= n or (out and out[-1].error() is not None):
+            return _DONE
+        return _left(deadline)
+
     def positions(self) -> dict[TP, int]:
         """Next offset per assigned partition with a known position, counting the current chunk's progress."""
         out: dict[TP, int] = {}
@@ -458,14 +482,13 @@ class Consumer(_Application):
         self._check_open()
         feed = self._feed
         feed.polls += 1
-        timeout = _timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         while True:
             msg = self._housekeeping() or feed.next_message()
             if msg is not None:
                 return msg
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = _left(deadline)
+            if left == _DONE:
                 return None
             feed.waiting = True
             try:
@@ -481,19 +504,15 @@ class Consumer(_Application):
         self._check_open()
         num_messages = min(num_messages, self._max_poll_records)
         self._feed.polls += 1
-        timeout = _timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         out: list[Message] = []
         while True:
             event = self._housekeeping()
             if event is not None:
                 out.append(event)
                 return out
-            self._feed.take(num_messages, out)
-            if len(out) >= num_messages or (out and out[-1].error() is not None):
-                return out
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = self._feed.collect(num_messages, out, deadline)
+            if left == _DONE:
                 return out
             self._feed.waiting = True
             try:
@@ -676,14 +695,13 @@ class AsyncConsumer(_Application):
         self._check_open()
         await self._core.start()
         self._feed.polls += 1
-        timeout = _timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         while True:
             msg = await self._housekeeping() or self._feed.next_message()
             if msg is not None:
                 return msg
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = _left(deadline)
+            if left == _DONE:
                 return None
             await self._wait(left)
 
@@ -692,19 +710,15 @@ class AsyncConsumer(_Application):
         num_messages = min(num_messages, self._max_poll_records)
         await self._core.start()
         self._feed.polls += 1
-        timeout = _timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         out: list[Message] = []
         while True:
             event = await self._housekeeping()
             if event is not None:
                 out.append(event)
                 return out
-            self._feed.take(num_messages, out)
-            if len(out) >= num_messages or (out and out[-1].error() is not None):
-                return out
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+            left = self._feed.collect(num_messages, out, deadline)
+            if left == _DONE:
                 return out
             await self._wait(left)
 
@@ -739,12 +753,7 @@ class AsyncConsumer(_Application):
                 await _call(self._on_lost or self._on_revoke, self, tps)
             elif event.kind == "revoke":
                 if self._auto_commit:
-                    offsets = self._all_positions()
-                    if offsets:
-                        try:
-                            await self._core.commit(offsets)
-                        except KafkaError as exc:
-                            log.warning("auto-commit before giving partitions up failed: %s", exc)
+                    await self._commit_quietly(self._all_positions(), "giving partitions up")
                 await _call(self._on_revoke, self, tps)
                 if not self._assign_called:
                     await self._core.assign([])
@@ -754,6 +763,15 @@ class AsyncConsumer(_Application):
                     await self._core.assign(tps)
         finally:
             event.complete()
+
+    async def _commit_quietly(self, offsets: OffsetMap, before: str) -> None:
+        """An auto-commit on the way out of partitions: a failure is logged, the rebalance goes on."""
+        if not offsets:
+            return
+        try:
+            await self._core.commit(offsets)
+        except KafkaError as exc:
+            log.warning("auto-commit before %s failed: %s", before, exc)
 
     async def subscribe(self, topics: list[str], on_assign: Callable[..., Any] | None = None,
                         on_revoke: Callable[..., Any] | None = None,
@@ -770,12 +788,7 @@ class AsyncConsumer(_Application):
         self._check_open()
         revoked, self._owned = self._owned, []
         if self._auto_commit:
-            offsets = self._all_positions()
-            if offsets:
-                try:
-                    await self._core.commit(offsets)
-                except KafkaError as exc:
-                    log.warning("auto-commit before unsubscribing failed: %s", exc)
+            await self._commit_quietly(self._all_positions(), "unsubscribing")
         if revoked:
             await _call(self._on_revoke, self, revoked)
         await self._core.unsubscribe()

@@ -320,6 +320,18 @@ class GroupMember:
         self.member_id = ""
         self.generation_id = -1
 
+    def _round_goes_on(self, code: int, api: str) -> bool:
+        """A JoinGroup or SyncGroup answer: False when this round ends and a new one starts (the member was reset,
+        or the group began rebalancing again); raises what _check_common raises; True when it succeeded."""
+        if code in _RESET_MEMBER:
+            self._reset_member()
+            return False
+        if code == ErrorCode.REBALANCE_IN_PROGRESS:
+            return False
+        if code:
+            self._check_common(code, api)
+        return True
+
     def _check_common(self, code: int, api: str) -> None:
         if code in _COORDINATOR_MOVED:
             self._cluster.invalidate_coordinator(self.group_id, GROUP_COORDINATOR)
@@ -356,14 +368,8 @@ class GroupMember:
                 self.member_id = resp.member_id
                 continue
             break
-        code = resp.error_code
-        if code in _RESET_MEMBER:
-            self._reset_member()
+        if not self._round_goes_on(resp.error_code, "JoinGroup"):
             return None
-        if code == ErrorCode.REBALANCE_IN_PROGRESS:
-            return None
-        if code:
-            self._check_common(code, "JoinGroup")
         self.member_id = resp.member_id
         self.generation_id = resp.generation_id
         self.protocol_name = resp.protocol_name
@@ -378,14 +384,8 @@ class GroupMember:
             "group_instance_id": self.group_instance_id, "protocol_type": CONSUMER_PROTOCOL_TYPE,
             "protocol_name": self.protocol_name, "assignments": assignments,
         }, version=sync_version, timeout=join_timeout)
-        code = sync.error_code
-        if code in _RESET_MEMBER:
-            self._reset_member()
+        if not self._round_goes_on(sync.error_code, "SyncGroup"):
             return None
-        if code == ErrorCode.REBALANCE_IN_PROGRESS:
-            return None
-        if code:
-            self._check_common(code, "SyncGroup")
         try:
             return decode_assignment(sync.assignment)
         except ConsumerProtocolError as exc:
