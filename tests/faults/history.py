@@ -11,7 +11,9 @@ Events (all carry `w` the worker name and `t` a wall-clock time in seconds):
 - read:   {"op": "read", "iso": "rc"|"ru", "session": s, "p": partition, "offset": o, "v": value}
 - delete: {"op": "delete", "p": partition, "before": offset}        (DeleteRecords that the broker acknowledged)
 - lso:    {"op": "lso", "p": partition, "lso": o, "hwm": o}           (samples of the last stable offset)
-- fault:  {"op": "fault", "kind": name, "phase": "start"|"stop"}      (written by the nemesis)
+- batch:  {"op": "batch", "id": n, "rows": r}                       (a Spark micro-batch the pipeline finished)
+- fault:  {"op": "fault", "kind": name, "phase": "start"|"stop"}      (written by the nemesis; client-kill adds
+          {"phase": "victim", "victim": worker} naming the process it SIGKILLed)
 """
 
 from __future__ import annotations

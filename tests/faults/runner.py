@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -64,6 +65,7 @@ class RunResult:
     operations: int = 0
     seconds: float = 0.0
     client_restarts: int = 0  # a client call hung (librdkafka 5456/5511) and the watchdog restarted the worker
+    client_kills: dict[str, int] = field(default_factory=dict)  # worker -> SIGKILLs that client-kill dealt it
 
 
 # -- workloads: which workers, on which topics -------------------------------------------------------------------
@@ -136,6 +138,7 @@ class Run:
         self.trigger = FsyncTrigger(workdir / "fail-fsync")
         self.stuck: list[str] = []  # workers that did not stop by themselves
         self.hung: list[str] = []  # workers restarted after their watchdog saw a client call hang
+        self.kills: list[str] = []  # workers SIGKILLed by client-kill
 
     # -- setup ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -157,8 +160,21 @@ class Run:
         for w in self.workers:
             self._spawn(w)
 
+    @staticmethod
+    def _incarnation(w: Worker) -> str:
+        """The name of the worker's current process: its history file and log are named after it."""
+        return w.name if w.restarts == 0 else f"{w.name}-r{w.restarts}"
+
+    def _past_start_up(self, w: Worker) -> bool:
+        """A Spark driver is worth killing once it runs micro-batches: its JVM takes seconds to start, and a kill
+        before the first batch would only test start-up. Other workers are killable at once."""
+        if w.kind != "spark-copy":
+            return True
+        path = self.history / f"{self._incarnation(w)}.jsonl"
+        return path.exists() and '"op":"batch"' in path.read_text()
+
     def _spawn(self, w: Worker) -> None:
-        name = w.name if w.restarts == 0 else f"{w.name}-r{w.restarts}"
+        name = self._incarnation(w)
         cmd = [sys.executable, "-m", "tests.faults.workers", w.kind, "--bootstrap", self.proxy.address,
                "--history", str(self.history), "--name", name, "--partitions", str(PARTITIONS),
                "--seconds", str(self.remaining()), "--seed", str(self.rng.randrange(1 << 30)),
@@ -231,9 +247,11 @@ class Run:
             self.proxy.upstream_port = self.broker.port
         elif fault == "client-kill":
             victims = [w for w in self.workers if w.kind in ("producer", "txn-producer", "copier", "spark-copy")
-                       and w.proc is not None and w.proc.poll() is None]
+                       and w.proc is not None and w.proc.poll() is None and self._past_start_up(w)]
             if victims:
                 w = self.rng.choice(victims)
+                self.nemesis_log.log("fault", kind=fault, phase="victim", victim=self._incarnation(w))
+                self.kills.append(w.name)
                 w.proc.kill()
                 w.proc.wait()
                 w.restarts += 1
@@ -351,7 +369,7 @@ def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client
         operations = sum(1 for e in read_events(run.history) if e.get("phase") in ("invoke", None)
                          and e["op"] in ("send", "read", "delete"))
     return RunResult(workload, nemeses, seed, client, reports, run.faults, operations, time.monotonic() - started,
-                     len(run.hung) + len(run.stuck))
+                     len(run.hung) + len(run.stuck), dict(Counter(run.kills)))
 
 
 def summarize(results: list[RunResult], all_nemeses: list[str] | None = None) -> dict[str, Any]:
@@ -362,12 +380,13 @@ def summarize(results: list[RunResult], all_nemeses: list[str] | None = None) ->
         rows.append({"workload": r.workload, "client": r.client, "seed": r.seed, "nemesis": label, "nemeses": r.nemeses,
                      "faults": r.faults,
                      "operations": r.operations, "seconds": round(r.seconds, 1),
-                     "client_restarts": r.client_restarts, **counts,
+                     "client_restarts": r.client_restarts, "client_kills": r.client_kills, **counts,
                      "examples": {name: rep.anomalies[name][:3] for rep in r.report.values()
                                   for name in ANOMALIES if rep.anomalies[name]}})
     return {"runs": rows, "total": {
         "runs": len(rows), "faults": sum(r["faults"] for r in rows), "operations": sum(r["operations"] for r in rows),
         "client_restarts": sum(r["client_restarts"] for r in rows),
+        "client_kills": sum(sum(r["client_kills"].values()) for r in rows),
         **{name: sum(r[name] for r in rows) for name in ANOMALIES}}}
 
 
@@ -375,15 +394,16 @@ def print_table(summary: dict[str, Any]) -> None:
     short = {"lost_writes": "lost", "duplicates": "dup", "aborted_reads": "G1a", "uncommitted_reads": "uncommit",
              "reordering": "reorder", "nonmonotonic_polls": "nonmono", "inconsistent_offsets": "inconsist",
              "phantoms": "phantom", "hanging_transactions": "hanging"}
-    head = (f"{'workload':<14}{'client':<10}{'nemesis':<22}{'seed':>6}{'faults':>8}{'ops':>8}{'restarts':>10}"
+    head = (f"{'workload':<14}{'client':<10}{'nemesis':<22}{'seed':>6}{'faults':>8}{'ops':>8}{'kills':>7}{'restarts':>10}"
             + "".join(f"{short[n]:>10}" for n in ANOMALIES))
     print(head)
     for r in summary["runs"]:
-        print(f"{r['workload']:<14}{r['client']:<10}{r['nemesis'][:21]:<22}{r['seed']:>6}{r['faults']:>8}{r['operations']:>8}"
-              f"{r['client_restarts']:>10}" + "".join(f"{r[n]:>10}" for n in ANOMALIES))
+        print(f"{r['workload']:<14}{r['client']:<10}{r['nemesis'][:21]:<22}{r['seed']:>6}{r['faults']:>8}"
+              f"{r['operations']:>8}{sum(r['client_kills'].values()):>7}{r['client_restarts']:>10}"
+              + "".join(f"{r[n]:>10}" for n in ANOMALIES))
     t = summary["total"]
     print(f"{'TOTAL':<14}{'':<10}{str(t['runs']) + ' runs':<22}{'':>6}{t['faults']:>8}{t['operations']:>8}"
-          f"{t['client_restarts']:>10}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
+          f"{t['client_kills']:>7}{t['client_restarts']:>10}" + "".join(f"{t[n]:>10}" for n in ANOMALIES))
 
 
 def plan(runs: int, workloads: list[str], nemeses: list[str],

@@ -372,10 +372,22 @@ def spark_copy(args: argparse.Namespace, h: HistoryWriter) -> None:
             return None
         return sum(p["numInputRows"] for p in query.recentProgress)
 
+    logged = -1
+
+    def log_batches(query: Any) -> None:
+        """A `batch` event per micro-batch the query finished: the runner SIGKILLs the driver only once its
+        current incarnation has run one (a kill during JVM start-up tests nothing)."""
+        nonlocal logged
+        for progress in query.recentProgress:
+            if progress["batchId"] > logged:
+                logged = progress["batchId"]
+                h.log("batch", id=logged, rows=progress["numInputRows"])
+
     while time.monotonic() < deadline:
         query = start(processingTime="1 second")
         while time.monotonic() < deadline and query.isActive:
             query.awaitTermination(1)
+            log_batches(query)
         if query.isActive:
             query.stop()
         finished(query)
@@ -383,6 +395,7 @@ def spark_copy(args: argparse.Namespace, h: HistoryWriter) -> None:
     while time.monotonic() - idle_since < SPARK_DRAIN_IDLE_S and time.monotonic() < deadline + DRAIN_MAX_S:
         query = start(availableNow=True)
         query.awaitTermination()
+        log_batches(query)
         rows = finished(query)
         if rows:
             idle_since = time.monotonic()
