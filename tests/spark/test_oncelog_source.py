@@ -8,6 +8,7 @@ nothing twice, nothing missing.
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -144,9 +145,11 @@ def test_bad_options_fail_with_the_option_named(oncelog_spark, module_broker, to
         batch(oncelog_spark, bootstrap, topic_name, startingOffsets="latest").collect()
 
 
-def stream_to_parquet(spark, bootstrap: str, topic: str, out: Path, checkpoint: Path, **options: str):
+def stream_to_parquet(spark, bootstrap: str, topic: str | None, out: Path, checkpoint: Path, **options: str):
     reader = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bootstrap)
-              .option("subscribe", topic).option("startingOffsets", "earliest"))
+              .option("startingOffsets", "earliest"))
+    if topic is not None:
+        reader = reader.option("subscribe", topic)
     for key, value in options.items():
         reader = reader.option(key, value)
     query = (reader.load().writeStream.format("parquet").option("path", str(out))
@@ -232,6 +235,39 @@ def test_stream_reads_partitions_added_while_it_runs_from_offset_zero(oncelog_sp
     got = rows_to_recs(oncelog_spark.read.parquet(str(out)).collect(), topic_name)
     assert got == by_offset(first + second)
     assert {r.partition for r in got if r.offset == 0} == {0, 1, 2}
+
+
+def test_subscribe_pattern_reads_matching_topics_and_picks_up_new_ones(oncelog_spark, module_broker, topic_name,
+                                                                       tmp_path):
+    """subscribePattern as with Spark's Kafka source: every topic whose whole name matches (a longer name that
+    merely contains a match does not); a matching topic created while the stream runs is read from offset 0."""
+    bootstrap = module_broker.bootstrap
+    pattern = re.escape(topic_name) + "-[a-z]"
+    for suffix, partitions in (("-a", 2), ("-b", 1), ("-zz", 1)):
+        create_topic(bootstrap, topic_name + suffix, partitions=partitions)
+    create_topic(bootstrap, "x" + topic_name + "-a", partitions=1)
+    written = {}
+    for name in (topic_name + "-a", topic_name + "-b", topic_name + "-zz", "x" + topic_name + "-a"):
+        parts = 2 if name.endswith("-a") and not name.startswith("x") else 1
+        written[name] = write_transactions(bootstrap, name, [("commit", records(name[-2:], 4, parts))])
+
+    def as_set(rows):
+        return {(r.topic, r.partition, r.offset, r.value) for r in rows}
+
+    def expected(*names):
+        return {(n, r.partition, r.offset, r.value) for n in names for r in written[n]}
+
+    got = as_set(batch(oncelog_spark, bootstrap, subscribePattern=pattern).collect())
+    assert got == expected(topic_name + "-a", topic_name + "-b")
+
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    stream_to_parquet(oncelog_spark, bootstrap, None, out, checkpoint, subscribePattern=pattern)
+    create_topic(bootstrap, topic_name + "-c", partitions=2)
+    written[topic_name + "-c"] = write_transactions(bootstrap, topic_name + "-c", [("commit", records("c", 6, 2))])
+    stream_to_parquet(oncelog_spark, bootstrap, None, out, checkpoint, subscribePattern=pattern)
+    got = as_set(oncelog_spark.read.parquet(str(out)).collect())
+    assert got == expected(topic_name + "-a", topic_name + "-b", topic_name + "-c")
+    assert len(oncelog_spark.read.parquet(str(out)).collect()) == len(got)  # each record once
 
 
 def test_reads_survive_a_broker_restart_between_queries(oncelog_spark, broker_factory, topic_name, tmp_path):

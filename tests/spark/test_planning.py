@@ -42,6 +42,11 @@ def test_option_names_are_case_insensitive_and_kafka_prefix_is_optional():
     assert o.client_config() == {"request.timeout.ms": "5000", "bootstrap.servers": "h:1"}
 
 
+def test_subscribe_pattern():
+    o = parse_read_options({**BOOT, "subscribePattern": "events-.*"}, streaming=True)
+    assert (o.topics, o.assigned, o.pattern) == (None, None, "events-.*")
+
+
 def test_assign_and_offsets_json():
     o = parse_read_options({**BOOT, "assign": json.dumps({"t": [2, 0, 2]}),
                             "startingOffsets": json.dumps({"t": {"0": -2, "2": 7}}),
@@ -52,9 +57,10 @@ def test_assign_and_offsets_json():
 
 @pytest.mark.parametrize(("options", "streaming", "names"), [
     ({"subscribe": "t"}, False, "kafka.bootstrap.servers"),
-    ({**BOOT}, False, "'subscribe' and 'assign'"),
-    ({**BOOT, "subscribe": "t", "assign": '{"t":[0]}'}, False, "got both"),
-    ({**BOOT, "subscribePattern": "t.*"}, False, "subscribePattern"),
+    ({**BOOT}, False, "'subscribe', 'subscribePattern' and 'assign'"),
+    ({**BOOT, "subscribe": "t", "assign": '{"t":[0]}'}, False, "got more than one"),
+    ({**BOOT, "subscribe": "t", "subscribePattern": "t.*"}, False, "got more than one"),
+    ({**BOOT, "subscribePattern": "t[.*"}, False, "'subscribePattern' is not a regular expression"),
     ({**BOOT, "assign": "t:0"}, False, "'assign' is not JSON"),
     ({**BOOT, "assign": '{"t":[]}'}, False, "'assign' must map"),
     ({**BOOT, "subscribe": "t", "startingOffsets": "latest"}, False, "'startingOffsets'"),

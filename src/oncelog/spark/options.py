@@ -1,8 +1,8 @@
 """The `oncelog` data source's options, named and interpreted like Spark's Kafka source.
 
 Pipelines move between `format("kafka")` and `format("oncelog")` by changing the format name, so the options
-keep Spark's names and meanings: `kafka.bootstrap.servers` (or `bootstrap.servers`), exactly one of `subscribe`
-and `assign`, `startingOffsets` / `endingOffsets` as "earliest" / "latest" / per-partition JSON (-2 earliest,
+keep Spark's names and meanings: `kafka.bootstrap.servers` (or `bootstrap.servers`), exactly one of `subscribe`,
+`subscribePattern` (a Java-style regular expression a whole topic name must match) and `assign`, `startingOffsets` / `endingOffsets` as "earliest" / "latest" / per-partition JSON (-2 earliest,
 -1 latest), `maxOffsetsPerTrigger`, `failOnDataLoss`, `includeHeaders`. Two deliberate differences: the
 isolation level defaults to read_committed (Spark's connector defaults to read_uncommitted, which shows aborted
 data), and it may be given as `isolation.level` as well as `kafka.isolation.level`. Other `kafka.*` options are
@@ -15,6 +15,7 @@ error names the option the way the documentation spells it.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
@@ -58,6 +59,8 @@ class ReadOptions:
     read_committed: bool
     #: Kafka client settings from `kafka.*` options (bootstrap and isolation level excluded)
     client: dict[str, str] = field(default_factory=dict)
+    #: `subscribePattern`: every non-internal topic whose whole name matches, found again every micro-batch
+    pattern: str | None = None
 
     @property
     def isolation_level(self) -> str:
@@ -75,7 +78,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
     if not bootstrap:
         raise OptionError("option 'kafka.bootstrap.servers' (or 'bootstrap.servers') is required, "
                           "e.g. '127.0.0.1:9092'")
-    topics, assigned = _subscription(opts)
+    topics, assigned, pattern = _subscription(opts)
     starting = _offset_spec(opts, "startingoffsets", "startingOffsets", default="earliest" if not streaming
                             else "latest")
     if "endingoffsets" in opts and streaming:
@@ -117,22 +120,30 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         include_headers=_bool(opts.get("includeheaders", "false"), "includeHeaders"),
         read_committed=isolation == "read_committed",
         client=client,
+        pattern=pattern,
     )
 
 
-def _subscription(opts: dict[str, str]) -> tuple[tuple[str, ...] | None, dict[str, tuple[int, ...]] | None]:
+def _subscription(opts: dict[str, str]) -> tuple[tuple[str, ...] | None, dict[str, tuple[int, ...]] | None,
+                                                 str | None]:
     given = [name for name in ("subscribe", "assign", "subscribepattern") if name in opts]
-    if "subscribepattern" in given:
-        raise OptionError("option 'subscribePattern' is not supported by the oncelog source; "
-                          "use 'subscribe' with a comma-separated list of topics, or 'assign'")
     if len(given) != 1:
-        raise OptionError("exactly one of the options 'subscribe' and 'assign' is required"
-                          + (" (got both)" if len(given) > 1 else ""))
+        raise OptionError("exactly one of the options 'subscribe', 'subscribePattern' and 'assign' is required"
+                          + (" (got more than one)" if len(given) > 1 else ""))
     if given[0] == "subscribe":
         topics = tuple(t.strip() for t in opts["subscribe"].split(",") if t.strip())
         if not topics:
             raise OptionError("option 'subscribe' names no topic")
-        return tuple(dict.fromkeys(topics)), None
+        return tuple(dict.fromkeys(topics)), None, None
+    if given[0] == "subscribepattern":
+        text = opts["subscribepattern"]
+        try:
+            re.compile(text)
+        except re.error as exc:
+            raise OptionError(f"option 'subscribePattern' is not a regular expression ({exc}): {text!r}") from None
+        if not text:
+            raise OptionError("option 'subscribePattern' is empty")
+        return None, None, text
     try:
         raw = json.loads(opts["assign"])
     except json.JSONDecodeError as exc:
@@ -143,7 +154,7 @@ def _subscription(opts: dict[str, str]) -> tuple[tuple[str, ...] | None, dict[st
             for t, ps in raw.items()):
         raise OptionError(f"option 'assign' must map each topic to a non-empty list of partitions, e.g. "
                           f"'{{\"topicA\":[0,1]}}'; got {opts['assign']!r}")
-    return None, {t: tuple(sorted(set(ps))) for t, ps in raw.items()}
+    return None, {t: tuple(sorted(set(ps))) for t, ps in raw.items()}, None
 
 
 def _offset_spec(opts: dict[str, str], key: str, name: str, default: str) -> OffsetSpec:

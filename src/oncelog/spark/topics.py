@@ -8,6 +8,7 @@ a micro-batch never ends inside an open transaction, so a replay re-reads exactl
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 from oncelog.client.admin import Admin
@@ -30,11 +31,16 @@ def partitions(options: ReadOptions, *, require_topics: bool) -> list[TP]:
     """The partitions the query reads now, sorted.
 
     With `subscribe`, a topic that does not exist yet has no partitions: a streaming query waits for it, a
-    batch query (`require_topics`) fails with a message naming it. With `assign`, every named partition must
-    exist.
+    batch query (`require_topics`) fails with a message naming it. With `subscribePattern`, the topics whose
+    whole name matches, as a Java consumer's pattern subscription finds them (internal topics left out): a topic
+    created later joins at the next micro-batch and is read from its start. With `assign`, every named
+    partition must exist.
     """
     admin = admin_for(options)
     existing = {t.name: t.partitions for t in admin.list_topics()}
+    if options.pattern is not None:
+        matches = re.compile(options.pattern).fullmatch
+        return sorted((t, p) for t, count in existing.items() if matches(t) for p in range(count))
     if options.topics is not None:
         missing = [t for t in options.topics if t not in existing]
         if missing and require_topics:
