@@ -220,8 +220,8 @@ class Txn(Wire):
         assert r.error_code == NONE, r
         return r.base_offset
 
-    def offset(self, topic: str, partition: int, isolation: int) -> int:
-        """ListOffsets v4 LATEST: the high watermark (read_uncommitted) or the last stable offset."""
+    def offset(self, topic: str, partition: int, isolation: int, timestamp: int = -1) -> int:
+        """ListOffsets v4, by default LATEST: the high watermark (read_uncommitted) or the last stable offset."""
         req = ListOffsetsRequest[4]
         lt = req.ListOffsetsTopic
         resp = self.request(
@@ -233,7 +233,7 @@ class Txn(Wire):
                         name=topic,
                         partitions=[
                             lt.ListOffsetsPartition(
-                                partition_index=partition, current_leader_epoch=-1, timestamp=-1
+                                partition_index=partition, current_leader_epoch=-1, timestamp=timestamp
                             )
                         ],
                     )
@@ -910,6 +910,31 @@ def test_last_stable_offset_and_read_committed_fetch(w, tid, topic):
     assert aborted_of(w.fetch(topic, 0, 12, READ_COMMITTED)) == []
     assert not w.fetch(topic, 0, 0, READ_UNCOMMITTED).aborted_transactions
     assert committed_values(w, topic) == [b"p0", b"p1", b"p2", b"t0", b"t1", b"p5", b"p6", b"p10"]
+
+
+def test_offsets_by_time_stop_where_the_isolation_level_stops_reading(w, tid, topic):
+    """ListOffsets by timestamp and MAX_TIMESTAMP answer "none" (-1) for an offset at or past the last stable
+    offset under read_committed (Kafka's lastFetchableOffset), so a read_committed client never gets a position
+    inside a transaction that is still open; read_uncommitted is bounded by the high watermark."""
+    def plain_at(values_and_times):
+        batch = build_batch([(None, v, [], ts) for v, ts in values_and_times])
+        r = w.produce_batch(None, topic, 0, batch)
+        assert r.error_code == NONE, r
+
+    plain_at([(b"p0", 1000), (b"p1", 1001), (b"p2", 1002)])
+    _, pid, _ = w.init(tid)
+    assert w.add_codes(tid, pid, 0, [(topic, 0)]) == {NONE}
+    assert w.produce(tid, topic, 0, pid, 0, 0, [b"t0", b"t1"]).base_offset == 3  # timestamps: now
+    plain_at([(b"p5", 2000), (b"p6", 2001)])
+    assert (w.hwm(topic), w.lso(topic)) == (7, 3)
+    max_timestamp = -3
+    for isolation, by_1001, by_1500, by_max in ((READ_UNCOMMITTED, 1, 3, {3, 4}), (READ_COMMITTED, 1, -1, {-1})):
+        assert w.offset(topic, 0, isolation, 1001) == by_1001
+        assert w.offset(topic, 0, isolation, 1500) == by_1500  # the open transaction's first record
+        assert w.offset(topic, 0, isolation, max_timestamp) in by_max  # t0 or t1 (same or next millisecond)
+    assert w.end(tid, pid, 0, True) == NONE
+    assert w.offset(topic, 0, READ_COMMITTED, 1500) == 3
+    assert w.offset(topic, 0, READ_COMMITTED, max_timestamp) in {3, 4, 7}  # t0, t1 or the later marker at 7
 
 
 def test_write_txn_markers_aborts_a_hanging_transaction(w, tid, topic):

@@ -15,7 +15,12 @@ if TYPE_CHECKING:
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
 
-def lookup(broker: Broker, topic: str, partition: int, timestamp: int, isolation: int) -> dict[str, Any]:
+def lookup(broker: Broker, topic: str, partition: int, timestamp: int, isolation: int,
+           from_client: bool = True) -> dict[str, Any]:
+    """One partition's answer. For a client (replica id -1) an offset found from record data (by timestamp, max
+    timestamp) counts only below the end that client may read, Kafka's lastFetchableOffset: the last stable
+    offset under read_committed, else the high watermark; at or past it the answer is "none" (-1), so no client
+    learns an offset it cannot fetch, e.g. inside a transaction that is still open."""
     part = broker.logs.get_partition(topic, partition)
     out = {"partition_index": partition, "error_code": 0, "timestamp": -1, "offset": -1, "leader_epoch": -1}
     if part is None:
@@ -26,12 +31,12 @@ def lookup(broker: Broker, topic: str, partition: int, timestamp: int, isolation
         out["offset"] = plog.log_start_offset
     elif timestamp == LATEST:
         out["offset"] = part.last_stable_offset if isolation == 1 else plog.high_watermark
-    elif timestamp == MAX_TIMESTAMP:
-        found = part.max_timestamp()
-        if found is not None:
-            out["offset"], out["timestamp"] = found
-    elif timestamp >= 0:
-        found = part.offset_for_timestamp(timestamp)
+    elif timestamp == MAX_TIMESTAMP or timestamp >= 0:
+        found = part.max_timestamp() if timestamp == MAX_TIMESTAMP else part.offset_for_timestamp(timestamp)
+        if from_client:
+            bound = part.last_stable_offset if isolation == 1 else plog.high_watermark
+            if found is not None and found[0] >= bound:
+                found = None
         if found is not None:
             out["offset"], out["timestamp"] = found
     else:
@@ -44,10 +49,12 @@ def lookup(broker: Broker, topic: str, partition: int, timestamp: int, isolation
 async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.LIST_OFFSETS, ctx.api_version, body)
     isolation = req.isolation_level if ctx.api_version >= 2 else 0
+    from_client = req.replica_id == -1  # Kafka's consumer replica id; a follower or debug tool sees the log end
     topics = [
         {
             "name": t.name,
-            "partitions": [lookup(broker, t.name, p.partition_index, p.timestamp, isolation) for p in t.partitions],
+            "partitions": [lookup(broker, t.name, p.partition_index, p.timestamp, isolation, from_client)
+                           for p in t.partitions],
         }
         for t in req.topics
     ]
