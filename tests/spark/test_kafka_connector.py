@@ -10,9 +10,11 @@ with the reason.
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,13 @@ pytest.importorskip("pyspark", reason="the Spark tests need the `spark` extra: p
 from oncelog.spark import register  # noqa: E402
 from tests.integration.helpers import Rec, ck_consume, create_topic, norm_headers  # noqa: E402
 from tests.spark.session import require_spark, start_session, stop_session  # noqa: E402
-from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions  # noqa: E402
+from tests.spark.txn_data import (  # noqa: E402
+    produce_in_transaction,
+    records,
+    timed_records,
+    transactional_producer,
+    write_transactions,
+)
 
 POM = Path(__file__).parent / "kafka_connector" / "pom.xml"
 RESOLVE_TIMEOUT_S = 600
@@ -179,6 +187,38 @@ def test_oncelog_source_returns_the_same_rows_as_spark_kafka_source(kafka_spark,
     expected = sorted(kafka_df.collect(), key=lambda r: (r.partition, r.offset))
     assert len(expected) == 16
     assert sorted(oncelog_df.collect(), key=lambda r: (r.partition, r.offset)) == expected
+
+
+@pytest.mark.parametrize("options", [
+    {"startingTimestamp": "2000", "endingTimestamp": "3000"},
+    {"startingOffsetsByTimestamp": '{"T":{"0":0,"1":2500}}', "endingOffsetsByTimestamp": '{"T":{"0":2500,"1":9000}}'},
+    {"startingTimestamp": "2000", "startingOffsetsByTimestamp": '{"T":{"0":0,"1":0}}', "startingOffsets": "earliest"},
+    {"startingTimestamp": "9000"},  # partition 1 has no record that late, but its marker (written now) is
+    {"startingTimestamp": "FUTURE", "startingOffsetsByTimestampStrategy": "latest"},
+], ids=["timestamps", "by-partition", "precedence", "marker", "none-found-latest"])
+def test_reads_by_time_match_spark_kafka_source(kafka_spark, module_broker, topic_name, options):
+    """Positions by record time, with Spark's own connector as the oracle: the first record at or after each
+    timestamp, an end with no such record is the partition's end, one timestamp wins over per-partition ones
+    over offsets, and startingOffsetsByTimestampStrategy=latest starts a partition with none at its end."""
+    register(kafka_spark)
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    write_transactions(bootstrap, topic_name, [("commit", timed_records({0: [1000, 2000, 3000], 1: [1500, 2500]})),
+                                               ("commit", timed_records({0: [3500]}))])
+    future = str(int(time.time() * 1000) + 86_400_000)  # after every record and marker
+    options = {k: v.replace('"T"', json.dumps(topic_name)).replace("FUTURE", future) for k, v in options.items()}
+
+    def load(fmt: str):
+        reader = (kafka_spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap)
+                  .option("subscribe", topic_name).option("kafka.isolation.level", "read_committed"))
+        for key, value in options.items():
+            reader = reader.option(key, value)
+        return sorted((r.partition, r.offset, r.value) for r in reader.load().collect())
+
+    expected = load("kafka")
+    assert load("oncelog") == expected
+    if "startingOffsetsByTimestampStrategy" not in options:
+        assert expected, "the oracle read nothing: the options test nothing"
 
 
 def test_spark_kafka_sink_writes_to_oncelog(kafka_spark, module_broker, topic_name):

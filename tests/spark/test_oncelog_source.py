@@ -19,7 +19,13 @@ pytest.importorskip("pyspark", reason="the Spark tests need the `spark` extra: p
 from oncelog.client.admin import Admin  # noqa: E402
 from oncelog.spark import register  # noqa: E402
 from tests.integration.helpers import Rec, create_topic, norm_headers  # noqa: E402
-from tests.spark.txn_data import produce_in_transaction, records, transactional_producer, write_transactions  # noqa: E402
+from tests.spark.txn_data import (  # noqa: E402
+    produce_in_transaction,
+    records,
+    timed_records,
+    transactional_producer,
+    write_transactions,
+)
 
 KAFKA_SCHEMA = ("key binary, value binary, topic string, partition int, offset bigint, timestamp timestamp, "
                 "timestampType int")
@@ -85,6 +91,17 @@ def test_batch_read_returns_exactly_the_committed_records(oncelog_spark, module_
     values = {r.value for r in batch(oncelog_spark, bootstrap, topic_name, **{"isolation.level": "read_uncommitted"})
               .select("value").collect()}
     assert values == {r.value for r in committed} | {o.value for o in records("a1", 9, 3) + records("a2", 3, 3)}
+
+
+def test_batch_read_with_nothing_to_read_is_empty(oncelog_spark, module_broker, topic_name):
+    """No range to read (an empty topic; starts at the ends): PySpark runs one task with a placeholder
+    partition, which must yield no rows (it failed an assertion before)."""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    assert batch(oncelog_spark, bootstrap, topic_name).collect() == []
+    write_transactions(bootstrap, topic_name, [("commit", records("e", 4, 2))])
+    ends = json.dumps({topic_name: {"0": 3, "1": 3}})  # two records and the commit marker in each
+    assert batch(oncelog_spark, bootstrap, topic_name, startingOffsets=ends).count() == 0
 
 
 def test_batch_offsets_json_and_assign(oncelog_spark, module_broker, topic_name):
@@ -268,6 +285,36 @@ def test_subscribe_pattern_reads_matching_topics_and_picks_up_new_ones(oncelog_s
     got = as_set(oncelog_spark.read.parquet(str(out)).collect())
     assert got == expected(topic_name + "-a", topic_name + "-b", topic_name + "-c")
     assert len(oncelog_spark.read.parquet(str(out)).collect()) == len(got)  # each record once
+
+
+def test_reads_by_time_batch_errors_and_stream_start(oncelog_spark, module_broker, topic_name, tmp_path):
+    """A starting timestamp with no record at or after it fails the read, naming the partitions and the way out
+    (Spark's default strategy "error"); a stream started at a timestamp reads from there, and with the "latest"
+    strategy a partition with nothing that late starts at its end. Transaction markers carry the time they were
+    written, so only a timestamp after them finds nothing. (Agreement with Spark's own connector on the same
+    options: test_kafka_connector.py.)"""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name, partitions=2)
+    write_transactions(bootstrap, topic_name, [("commit", timed_records({0: [1000, 2000, 3000], 1: [1500]}))])
+    future = str(int(time.time() * 1000) + 86_400_000)
+    with pytest.raises(Exception, match=rf"option 'startingTimestamp': no record at or after the timestamp in "
+                                        rf"{re.escape(topic_name)}-0 \(timestamp {future}\), "
+                                        rf"{re.escape(topic_name)}-1 \(timestamp {future}\); set "
+                                        rf"startingOffsetsByTimestampStrategy=latest"):
+        batch(oncelog_spark, bootstrap, topic_name, startingTimestamp=future).collect()
+    with pytest.raises(Exception, match="option 'startingTimestamp' must be a timestamp"):
+        batch(oncelog_spark, bootstrap, topic_name, startingTimestamp="yesterday").collect()
+    got = sorted((r.partition, r.offset) for r in batch(oncelog_spark, bootstrap, topic_name,
+                                                        startingTimestamp="2000").collect())
+    assert got == [(0, 1), (0, 2)]  # partition 1: its marker (offset 1, written now) is the first at/after 2000
+
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint, startingTimestamp=future,
+                      startingOffsetsByTimestampStrategy="latest")
+    write_transactions(bootstrap, topic_name, [("commit", timed_records({0: [500], 1: [500]}))])  # read: after
+    stream_to_parquet(oncelog_spark, bootstrap, topic_name, out, checkpoint)
+    got = sorted((r.partition, r.offset, r.value) for r in oncelog_spark.read.parquet(str(out)).collect())
+    assert got == [(0, 4, b"p0-t500"), (1, 2, b"p1-t500")]
 
 
 def test_reads_survive_a_broker_restart_between_queries(oncelog_spark, broker_factory, topic_name, tmp_path):

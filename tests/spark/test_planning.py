@@ -18,7 +18,7 @@ pa = pytest.importorskip("pyarrow", reason="the Spark tests need the `spark` ext
 
 from oncelog.client.types import message_class  # noqa: E402
 from oncelog.spark.offsets import DataLoss, OffsetRange, from_json, limit, plan, resolve, to_json, vanished  # noqa: E402
-from oncelog.spark.options import OptionError, parse_read_options  # noqa: E402
+from oncelog.spark.options import ByTimestamp, OptionError, parse_read_options  # noqa: E402
 from oncelog.spark.schema import arrow_schema, spark_ddl, to_record_batch  # noqa: E402
 
 BOOT = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
@@ -47,6 +47,19 @@ def test_subscribe_pattern():
     assert (o.topics, o.assigned, o.pattern) == (None, None, "events-.*")
 
 
+def test_positions_by_time_and_their_precedence():
+    o = parse_read_options({**BOOT, "subscribe": "t", "startingTimestamp": "1000",
+                            "startingOffsetsByTimestamp": '{"t":{"0":5}}', "startingOffsets": "earliest",
+                            "endingOffsetsByTimestamp": '{"t":{"0":9}}', "endingOffsets": "latest"}, streaming=False)
+    assert o.starting == ByTimestamp("startingTimestamp", everywhere=1000)
+    assert o.ending == ByTimestamp("endingOffsetsByTimestamp", per_partition={"t": {0: 9}})
+    assert o.missing_timestamp == "error"
+    o = parse_read_options({**BOOT, "subscribe": "t", "startingOffsetsByTimestamp": '{"t":{"0":5}}',
+                            "startingOffsetsByTimestampStrategy": "LATEST"}, streaming=True)
+    assert o.starting == ByTimestamp("startingOffsetsByTimestamp", per_partition={"t": {0: 5}})
+    assert o.missing_timestamp == "latest"
+
+
 def test_assign_and_offsets_json():
     o = parse_read_options({**BOOT, "assign": json.dumps({"t": [2, 0, 2]}),
                             "startingOffsets": json.dumps({"t": {"0": -2, "2": 7}}),
@@ -68,6 +81,13 @@ def test_assign_and_offsets_json():
     ({**BOOT, "subscribe": "t", "endingOffsets": "latest"}, True, "batch queries only"),
     ({**BOOT, "subscribe": "t", "startingOffsets": '{"t":{"x":1}}'}, False, "'startingOffsets' JSON"),
     ({**BOOT, "subscribe": "t", "startingOffsets": "first"}, False, "'startingOffsets' must be"),
+    ({**BOOT, "subscribe": "t", "startingTimestamp": "-5"}, False, "'startingTimestamp' must be a timestamp"),
+    ({**BOOT, "subscribe": "t", "startingOffsetsByTimestamp": '{"t":{"0":-1}}'}, False,
+     "'startingOffsetsByTimestamp' must be JSON"),
+    ({**BOOT, "subscribe": "t", "endingTimestamp": "5"}, True, "'endingTimestamp' is for batch queries only"),
+    ({**BOOT, "subscribe": "t", "endingOffsetsByTimestamp": '{"t":{"0":1}}'}, True, "batch queries only"),
+    ({**BOOT, "subscribe": "t", "startingOffsetsByTimestampStrategy": "earliest"}, False,
+     "'startingOffsetsByTimestampStrategy' must be error or latest"),
     ({**BOOT, "subscribe": "t", "maxOffsetsPerTrigger": "0"}, True, "'maxOffsetsPerTrigger'"),
     ({**BOOT, "subscribe": "t", "maxOffsetsPerTrigger": "5"}, False, "streaming queries only"),
     ({**BOOT, "subscribe": "t", "failOnDataLoss": "maybe"}, False, "'failOnDataLoss'"),

@@ -35,7 +35,7 @@ def produce_in_transaction(producer: Producer, topic: str, outs: Sequence[Out]) 
     producer.begin_transaction()
     for i, out in enumerate(outs):
         producer.produce(topic, key=out.key, value=out.value, partition=out.partition,
-                         headers=list(out.headers) or None, on_delivery=report(i))
+                         headers=list(out.headers) or None, timestamp=out.timestamp or 0, on_delivery=report(i))
     assert producer.flush(30) == 0, "records still in flight after 30 s"
     failed = [a for a in acked if not isinstance(a, tuple)]
     assert not failed, f"delivery failed: {failed[:3]}"
@@ -69,3 +69,9 @@ def records(tag: str, count: int, partitions: int, with_headers: bool = False) -
         outs.append(Out(key=f"{tag}-k{i}".encode(), value=f"{tag}-v{i}".encode() * 3, partition=i % partitions,
                         headers=headers))
     return outs
+
+
+def timed_records(topic_times: dict[int, Sequence[int]]) -> list[Out]:
+    """One record per (partition, timestamp in ms), values naming both, for reads by time."""
+    return [Out(partition=p, key=None, value=f"p{p}-t{ts}".encode(), timestamp=ts)
+            for p, times in topic_times.items() for ts in times]

@@ -2,8 +2,11 @@
 
 Pipelines move between `format("kafka")` and `format("oncelog")` by changing the format name, so the options
 keep Spark's names and meanings: `kafka.bootstrap.servers` (or `bootstrap.servers`), exactly one of `subscribe`,
-`subscribePattern` (a Java-style regular expression a whole topic name must match) and `assign`, `startingOffsets` / `endingOffsets` as "earliest" / "latest" / per-partition JSON (-2 earliest,
--1 latest), `maxOffsetsPerTrigger`, `failOnDataLoss`, `includeHeaders`. Two deliberate differences: the
+`subscribePattern` (a Java-style regular expression a whole topic name must match) and `assign`,
+`startingOffsets` / `endingOffsets` as "earliest" / "latest" / per-partition JSON (-2 earliest, -1 latest),
+positions by record time (`startingTimestamp`, `startingOffsetsByTimestamp`, `endingTimestamp`,
+`endingOffsetsByTimestamp`, `startingOffsetsByTimestampStrategy`, with Spark's precedence: one timestamp over
+per-partition timestamps over offsets), `maxOffsetsPerTrigger`, `failOnDataLoss`, `includeHeaders`. Two deliberate differences: the
 isolation level defaults to read_committed (Spark's connector defaults to read_uncommitted, which shows aborted
 data), and it may be given as `isolation.level` as well as `kafka.isolation.level`. Other `kafka.*` options are
 client settings with Kafka's names, validated by `oncelog.client.ClientConfig` where the client is built.
@@ -25,8 +28,21 @@ from oncelog.client.config import ClientConfig
 EARLIEST = -2
 LATEST = -1
 
-#: A starting or ending position: "earliest", "latest", or {topic: {partition: offset or EARLIEST/LATEST}}
-OffsetSpec = Literal["earliest", "latest"] | dict[str, dict[int, int]]
+
+
+@dataclass(frozen=True)
+class ByTimestamp:
+    """A position by record time: each partition at its first record whose timestamp is at or after the given
+    one (Kafka's ListOffsets by timestamp), one timestamp for every partition read or one per partition."""
+
+    option: str  # the option it came from, as the documentation spells it, for error messages
+    everywhere: int | None = None
+    per_partition: dict[str, dict[int, int]] | None = None
+
+
+#: A starting or ending position: "earliest", "latest", {topic: {partition: offset or EARLIEST/LATEST}}, or a
+#: position by time that the driver turns into offsets when it plans (topics.at_times)
+OffsetSpec = Literal["earliest", "latest"] | dict[str, dict[int, int]] | ByTimestamp
 
 _CLIENT_PREFIX = "kafka."
 # kafka.* settings the source decides itself: a value from the user would break the read's guarantees.
@@ -61,6 +77,9 @@ class ReadOptions:
     client: dict[str, str] = field(default_factory=dict)
     #: `subscribePattern`: every non-internal topic whose whole name matches, found again every micro-batch
     pattern: str | None = None
+    #: `startingOffsetsByTimestampStrategy`: a starting timestamp with no record at or after it in a partition
+    #: fails the query ("error") or starts that partition at its end ("latest")
+    missing_timestamp: Literal["error", "latest"] = "error"
 
     @property
     def isolation_level(self) -> str:
@@ -79,11 +98,17 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         raise OptionError("option 'kafka.bootstrap.servers' (or 'bootstrap.servers') is required, "
                           "e.g. '127.0.0.1:9092'")
     topics, assigned, pattern = _subscription(opts)
-    starting = _offset_spec(opts, "startingoffsets", "startingOffsets", default="earliest" if not streaming
-                            else "latest")
-    if "endingoffsets" in opts and streaming:
-        raise OptionError("option 'endingOffsets' is for batch queries only; a streaming read has no end")
-    ending = _offset_spec(opts, "endingoffsets", "endingOffsets", default="latest")
+    starting = (_time_spec(opts, "startingTimestamp", "startingOffsetsByTimestamp")
+                or _offset_spec(opts, "startingoffsets", "startingOffsets",
+                                default="earliest" if not streaming else "latest"))
+    for name in ("endingOffsets", "endingTimestamp", "endingOffsetsByTimestamp"):
+        if name.lower() in opts and streaming:
+            raise OptionError(f"option '{name}' is for batch queries only; a streaming read has no end")
+    ending = (_time_spec(opts, "endingTimestamp", "endingOffsetsByTimestamp")
+              or _offset_spec(opts, "endingoffsets", "endingOffsets", default="latest"))
+    strategy = opts.get("startingoffsetsbytimestampstrategy", "error").strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError(f"option 'startingOffsetsByTimestampStrategy' must be error or latest; got {strategy!r}")
     if not streaming:
         if starting == "latest" or (isinstance(starting, dict) and _has(starting, LATEST)):
             raise OptionError("option 'startingOffsets': 'latest' (-1) is not allowed for batch queries")
@@ -121,6 +146,7 @@ def parse_read_options(options: Mapping[str, str], *, streaming: bool) -> ReadOp
         read_committed=isolation == "read_committed",
         client=client,
         pattern=pattern,
+        missing_timestamp="latest" if strategy == "latest" else "error",
     )
 
 
@@ -166,21 +192,47 @@ def _offset_spec(opts: dict[str, str], key: str, name: str, default: str) -> Off
     except json.JSONDecodeError:
         raise OptionError(f"option '{name}' must be 'earliest', 'latest' or JSON like "
                           f"'{{\"topicA\":{{\"0\":23,\"1\":-2}}}}'; got {text!r}") from None
-    spec: dict[str, dict[int, int]] = {}
-    ok = isinstance(raw, dict) and bool(raw)
-    for topic, parts in (raw.items() if ok else ()):
-        if not isinstance(parts, dict) or not parts:
-            ok = False
-            break
-        spec[topic] = {}
-        for partition, offset in parts.items():
-            if not (str(partition).isdigit() and _is_int(offset) and offset >= EARLIEST):
-                ok = False
-                break
-            spec[topic][int(partition)] = offset
-    if not ok:
+    spec = _partition_map(raw, EARLIEST)
+    if spec is None:
         raise OptionError(f"option '{name}' JSON must map topics to {{partition: offset}} with offsets >= 0, "
                           f"or -2 (earliest) / -1 (latest); got {text!r}")
+    return spec
+
+
+def _time_spec(opts: dict[str, str], everywhere: str, per_partition: str) -> ByTimestamp | None:
+    """The position by time the options give, if any: one timestamp wins over per-partition ones (Spark)."""
+    if everywhere.lower() in opts:
+        text = opts[everywhere.lower()].strip()
+        if not text.isdigit():
+            raise OptionError(f"option '{everywhere}' must be a timestamp in milliseconds since the epoch, "
+                              f"e.g. '1700000000000'; got {text!r}")
+        return ByTimestamp(everywhere, everywhere=int(text))
+    if per_partition.lower() in opts:
+        text = opts[per_partition.lower()].strip()
+        try:
+            spec = _partition_map(json.loads(text), 0)
+        except json.JSONDecodeError:
+            spec = None
+        if spec is None:
+            raise OptionError(f"option '{per_partition}' must be JSON mapping topics to {{partition: timestamp "
+                              f"in ms}}, e.g. '{{\"topicA\":{{\"0\":1700000000000}}}}'; got {text!r}")
+        return ByTimestamp(per_partition, per_partition=spec)
+    return None
+
+
+def _partition_map(raw: object, minimum: int) -> dict[str, dict[int, int]] | None:
+    """{topic: {partition: integer >= minimum}} from parsed JSON, or None when it is not that shape."""
+    if not isinstance(raw, dict) or not raw:
+        return None
+    spec: dict[str, dict[int, int]] = {}
+    for topic, parts in raw.items():
+        if not isinstance(parts, dict) or not parts:
+            return None
+        spec[topic] = {}
+        for partition, value in parts.items():
+            if not (str(partition).isdigit() and _is_int(value) and value >= minimum):
+                return None
+            spec[topic][int(partition)] = value
     return spec
 
 

@@ -33,7 +33,7 @@ from pyspark.sql.types import StructType
 from oncelog.spark import offsets as offs
 from oncelog.spark import topics
 from oncelog.spark.fetch import read_range
-from oncelog.spark.options import OptionError, ReadOptions, parse_read_options
+from oncelog.spark.options import ByTimestamp, OffsetSpec, OptionError, ReadOptions, parse_read_options
 from oncelog.spark.schema import spark_ddl
 from oncelog.spark.sink import batch_writer, stream_writer
 
@@ -48,6 +48,18 @@ class RangePartition(InputPartition):
     def __repr__(self) -> str:
         r = self.range
         return f"RangePartition({r.topic}-{r.partition} [{r.start}, {r.end}))"
+
+
+def _option_name(spec: OffsetSpec, offsets_option: str) -> str:
+    """The option a position came from, for errors: a position by time names its timestamp option."""
+    return spec.option if isinstance(spec, ByTimestamp) else offsets_option
+
+
+def _read(partition: InputPartition, options: ReadOptions) -> Iterator[pa.RecordBatch]:
+    """One input partition's rows. When planning finds nothing to read (an empty topic, every start at its
+    end), PySpark still runs one task with a placeholder `InputPartition(None)`: it has no rows."""
+    if isinstance(partition, RangePartition):
+        yield from read_range(partition.range, options)
 
 
 def _input_partitions(ranges: Sequence[offs.OffsetRange]) -> list[InputPartition]:
@@ -89,8 +101,10 @@ class OncelogBatchReader(DataSourceReader):
         tps = topics.partitions(o, require_topics=True)
         earliest = topics.offsets(o, tps, "earliest")
         latest = topics.offsets(o, tps, "latest")
-        start = offs.resolve(o.starting, tps, earliest, latest, "startingOffsets")
-        end = offs.resolve(o.ending, tps, earliest, latest, "endingOffsets")
+        start = offs.resolve(topics.at_times(o, o.starting, tps, starting=True), tps, earliest, latest,
+                             _option_name(o.starting, "startingOffsets"))
+        end = offs.resolve(topics.at_times(o, o.ending, tps, starting=False), tps, earliest, latest,
+                           _option_name(o.ending, "endingOffsets"))
         behind = {tp: s for tp, s in start.items() if s < earliest[tp]}
         if behind and o.fail_on_data_loss:
             detail = ", ".join(f"{t}-{p} starts at {earliest[(t, p)]}, not {s}" for (t, p), s in behind.items())
@@ -109,8 +123,7 @@ class OncelogBatchReader(DataSourceReader):
         return _input_partitions(offs.plan(start, end, fail_on_data_loss=o.fail_on_data_loss))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from read_range(partition.range, self.options)
+        yield from _read(partition, self.options)
 
 
 class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -126,7 +139,8 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         tps = topics.partitions(o, require_topics=False)
         earliest = topics.offsets(o, tps, "earliest")
         latest = topics.offsets(o, tps, "latest")
-        return offs.to_json(offs.resolve(o.starting, tps, earliest, latest, "startingOffsets"))
+        return offs.to_json(offs.resolve(topics.at_times(o, o.starting, tps, starting=True), tps, earliest, latest,
+                                         _option_name(o.starting, "startingOffsets")))
 
     def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.options.max_offsets_per_trigger
@@ -156,8 +170,7 @@ class OncelogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                                            fail_on_data_loss=self.options.fail_on_data_loss))
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, RangePartition)
-        yield from read_range(partition.range, self.options)
+        yield from _read(partition, self.options)
 
     def commit(self, end: dict) -> None:
         """Nothing to do: progress lives in Spark's checkpoint, not in consumer-group offsets."""

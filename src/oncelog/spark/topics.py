@@ -15,7 +15,7 @@ from oncelog.client.admin import Admin
 from oncelog.client.config import ClientConfig, keys_for_role
 from oncelog.client.runtime import cached
 from oncelog.spark.offsets import TP, Offsets
-from oncelog.spark.options import OptionError, ReadOptions
+from oncelog.spark.options import LATEST, ByTimestamp, OffsetSpec, OptionError, ReadOptions
 
 _ADMIN_KEYS = frozenset(keys_for_role("admin"))
 
@@ -61,3 +61,39 @@ def offsets(options: ReadOptions, tps: Iterable[TP], which: str) -> Offsets:
         return {}
     listed = admin_for(options).list_offsets({tp: which for tp in tps}, isolation=options.isolation_level)
     return {(tp.topic, tp.partition): answer.offset for tp, answer in listed.items()}
+
+
+def at_times(options: ReadOptions, spec: OffsetSpec, tps: Iterable[TP], *, starting: bool) -> OffsetSpec:
+    """A position by record time made concrete for the partitions `tps`; any other spec is returned as it is.
+
+    Each partition gets the first offset whose record timestamp is at or after its timestamp, looked up under
+    the query's isolation level (the broker answers "none" past the last stable offset). Where there is none,
+    an ending position is the partition's end (Spark's rule); a starting one fails the query, or with
+    startingOffsetsByTimestampStrategy=latest starts at the end. Per-partition timestamps must name exactly the
+    partitions read: names of others are passed on for `offsets.resolve` to refuse, as with offsets JSON.
+    """
+    if not isinstance(spec, ByTimestamp):
+        return spec
+    tps = list(tps)
+    if spec.everywhere is not None:
+        times = {tp: spec.everywhere for tp in tps}
+        concrete: dict[str, dict[int, int]] = {}
+    else:
+        assert spec.per_partition is not None
+        given = {(t, p): ts for t, parts in spec.per_partition.items() for p, ts in parts.items()}
+        times = {tp: ts for tp, ts in given.items() if tp in set(tps)}
+        concrete = {t: {p: LATEST for p in parts} for t, parts in spec.per_partition.items()}
+    listed = admin_for(options).list_offsets(times, isolation=options.isolation_level) if times else {}
+    none_found = []
+    for tp, answer in listed.items():
+        offset = answer.offset
+        if offset < 0:
+            if starting and options.missing_timestamp == "error":
+                none_found.append(f"{tp.topic}-{tp.partition} (timestamp {times[(tp.topic, tp.partition)]})")
+            offset = LATEST
+        concrete.setdefault(tp.topic, {})[tp.partition] = offset
+    if none_found:
+        raise OptionError(f"option '{spec.option}': no record at or after the timestamp in "
+                          f"{', '.join(sorted(none_found))}; set startingOffsetsByTimestampStrategy=latest to start "
+                          "such partitions at their end")
+    return concrete
