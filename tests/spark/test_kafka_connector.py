@@ -221,6 +221,28 @@ def test_reads_by_time_match_spark_kafka_source(kafka_spark, module_broker, topi
         assert expected, "the oracle read nothing: the options test nothing"
 
 
+def test_subscribe_pattern_matches_spark_kafka_source(kafka_spark, module_broker, topic_name):
+    """subscribePattern: the same topics as Spark's connector, which searches each name for the expression
+    (Scala's findFirstIn: longer names that contain a match are read too, unlike a Java consumer's pattern
+    subscription), and the same rows."""
+    register(kafka_spark)
+    bootstrap = module_broker.bootstrap
+    for name in (topic_name + "-a", topic_name + "-b", topic_name + "-bb", "x" + topic_name + "-a"):
+        create_topic(bootstrap, name, partitions=2)
+        write_transactions(bootstrap, name, [("commit", records(name[-3:], 4, 2))])
+
+    def load(fmt: str):
+        df = (kafka_spark.read.format(fmt).option("kafka.bootstrap.servers", bootstrap)
+              .option("subscribePattern", re.escape(topic_name) + "-[a-z]")
+              .option("kafka.isolation.level", "read_committed").load())
+        return sorted((r.topic, r.partition, r.offset, r.value) for r in df.collect())
+
+    expected = load("kafka")
+    assert {t for t, *_ in expected} == {topic_name + "-a", topic_name + "-b", topic_name + "-bb",
+                                         "x" + topic_name + "-a"}
+    assert load("oncelog") == expected
+
+
 def test_spark_kafka_sink_writes_to_oncelog(kafka_spark, module_broker, topic_name):
     """Spark's own Kafka sink (the Java producer, idempotent by default) writes rows with keys, headers and
     explicit partitions; librdkafka reads exactly those records back."""

@@ -2,7 +2,7 @@
 
 Pipelines move between `format("kafka")` and `format("oncelog")` by changing the format name, so the options
 keep Spark's names and meanings: `kafka.bootstrap.servers` (or `bootstrap.servers`), exactly one of `subscribe`,
-`subscribePattern` (a Java-style regular expression a whole topic name must match) and `assign`,
+`subscribePattern` (a regular expression found in a topic's name, as Spark's Kafka source applies it) and `assign`,
 `startingOffsets` / `endingOffsets` as "earliest" / "latest" / per-partition JSON (-2 earliest, -1 latest),
 positions by record time (`startingTimestamp`, `startingOffsetsByTimestamp`, `endingTimestamp`,
 `endingOffsetsByTimestamp`, `startingOffsetsByTimestampStrategy`, with Spark's precedence: one timestamp over
@@ -75,7 +75,7 @@ class ReadOptions:
     read_committed: bool
     #: Kafka client settings from `kafka.*` options (bootstrap and isolation level excluded)
     client: dict[str, str] = field(default_factory=dict)
-    #: `subscribePattern`: every non-internal topic whose whole name matches, found again every micro-batch
+    #: `subscribePattern`: every non-internal topic whose name the expression is found in, again every micro-batch
     pattern: str | None = None
     #: `startingOffsetsByTimestampStrategy`: a starting timestamp with no record at or after it in a partition
     #: fails the query ("error") or starts that partition at its end ("latest")

@@ -31,16 +31,16 @@ def partitions(options: ReadOptions, *, require_topics: bool) -> list[TP]:
     """The partitions the query reads now, sorted.
 
     With `subscribe`, a topic that does not exist yet has no partitions: a streaming query waits for it, a
-    batch query (`require_topics`) fails with a message naming it. With `subscribePattern`, the topics whose
-    whole name matches, as a Java consumer's pattern subscription finds them (internal topics left out): a topic
-    created later joins at the next micro-batch and is read from its start. With `assign`, every named
-    partition must exist.
+    batch query (`require_topics`) fails with a message naming it. With `subscribePattern`, the topics in whose
+    name the expression is found (internal topics left out), exactly as Spark's Kafka source selects them
+    (`Regex.findFirstIn`, not the Java consumer's whole-name match: anchor it for that): a topic created later
+    joins at the next micro-batch and is read from its start. With `assign`, every named partition must exist.
     """
     admin = admin_for(options)
     existing = {t.name: t.partitions for t in admin.list_topics()}
     if options.pattern is not None:
-        matches = re.compile(options.pattern).fullmatch
-        return sorted((t, p) for t, count in existing.items() if matches(t) for p in range(count))
+        found_in = re.compile(options.pattern).search
+        return sorted((t, p) for t, count in existing.items() if found_in(t) for p in range(count))
     if options.topics is not None:
         missing = [t for t in options.topics if t not in existing]
         if missing and require_topics:
