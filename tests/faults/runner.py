@@ -111,6 +111,9 @@ CLIENTS = ("confluent", "oncelog")  # confluent-kafka (librdkafka) and oncelog's
 NEMESES = ("broker-kill", "broker-pause", "fsync-fail", "client-kill", "proxy-delay", "proxy-blackhole",
            "proxy-lose-responses", "proxy-cut", "disk-full")
 DISK_MB = 256  # the size-limited data directory of runs with the disk-full nemesis
+# A Spark driver needs 10-30 s (2 busy cores) before its first micro-batch. Spark runs give their workers this
+# much more time and start the nemesis once the pipeline runs, so its faults strike a running pipeline.
+SPARK_WARMUP_S = 30.0
 BROKER_SETTINGS = {
     "transaction.max.timeout.ms": 60_000,
     "transaction.abort.timed.out.transaction.cleanup.interval.ms": 1_000,
@@ -134,6 +137,8 @@ class Run:
         self.workers: list[Worker] = []
         self.faults = 0
         self.deadline: float | None = None
+        self.warmup = SPARK_WARMUP_S if workload == "spark" else 0.0
+        self.spawned_at = 0.0
         self.disk: SmallDisk | None = None
         self.trigger = FsyncTrigger(workdir / "fail-fsync")
         self.stuck: list[str] = []  # workers that did not stop by themselves
@@ -157,6 +162,7 @@ class Run:
             del name
         factory = WORKLOADS[self.workload][0]
         self.workers = factory(self.client)
+        self.spawned_at = time.monotonic()
         for w in self.workers:
             self._spawn(w)
 
@@ -185,11 +191,19 @@ class Run:
         log.close()
 
     def remaining(self) -> float:
-        return max(1.0, self.deadline - time.monotonic()) if self.deadline is not None else self.seconds
+        if self.deadline is None:
+            return self.seconds + self.warmup
+        return max(1.0, self.deadline - time.monotonic())
 
     # -- the nemesis --------------------------------------------------------------------------------------------
     def run_nemesis(self) -> None:
-        self.deadline = time.monotonic() + self.seconds
+        if self.warmup:  # wait for the pipeline's first micro-batch, within the workers' extra time
+            drivers = [w for w in self.workers if w.kind == "spark-copy"]
+            while (time.monotonic() < self.spawned_at + self.warmup
+                   and not all(self._past_start_up(w) for w in drivers)):
+                time.sleep(0.5)
+        workers_end = self.spawned_at + self.seconds + self.warmup
+        self.deadline = min(time.monotonic() + self.seconds, workers_end)
         time.sleep(min(3.0, self.seconds / 4))
         while time.monotonic() < self.deadline - 3:
             fault = self.rng.choice(self.nemeses)

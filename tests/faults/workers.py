@@ -345,6 +345,7 @@ def spark_copy(args: argparse.Namespace, h: HistoryWriter) -> None:
     one has read nothing for SPARK_DRAIN_IDLE_S. The sink's writes are not in the history: the checker expects
     `copy:` + every acknowledged input value in the output, exactly once.
     """
+    from pyspark.errors import StreamingQueryException
     from pyspark.sql.functions import concat, lit
 
     from oncelog.spark import register
@@ -383,19 +384,26 @@ def spark_copy(args: argparse.Namespace, h: HistoryWriter) -> None:
                 logged = progress["batchId"]
                 h.log("batch", id=logged, rows=progress["numInputRows"])
 
+    def wait(query: Any, timeout: float | None) -> None:
+        """awaitTermination, which raises the query's failure when the query fails during the wait: the failure
+        is read again (and recorded) by finished(); letting it escape ended the worker, and with it the copy."""
+        try:
+            query.awaitTermination(timeout) if timeout is not None else query.awaitTermination()
+        except StreamingQueryException:
+            pass
+        log_batches(query)
+
     while time.monotonic() < deadline:
         query = start(processingTime="1 second")
         while time.monotonic() < deadline and query.isActive:
-            query.awaitTermination(1)
-            log_batches(query)
+            wait(query, 1)
         if query.isActive:
             query.stop()
         finished(query)
     idle_since = time.monotonic()
     while time.monotonic() - idle_since < SPARK_DRAIN_IDLE_S and time.monotonic() < deadline + DRAIN_MAX_S:
         query = start(availableNow=True)
-        query.awaitTermination()
-        log_batches(query)
+        wait(query, None)
         rows = finished(query)
         if rows:
             idle_since = time.monotonic()
