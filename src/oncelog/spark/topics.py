@@ -81,7 +81,8 @@ def at_times(options: ReadOptions, spec: OffsetSpec, tps: Iterable[TP], *, start
     else:
         assert spec.per_partition is not None
         given = {(t, p): ts for t, parts in spec.per_partition.items() for p, ts in parts.items()}
-        times = {tp: ts for tp, ts in given.items() if tp in set(tps)}
+        read = set(tps)
+        times = {tp: ts for tp, ts in given.items() if tp in read}
         concrete = {t: {p: LATEST for p in parts} for t, parts in spec.per_partition.items()}
     listed = admin_for(options).list_offsets(times, isolation=options.isolation_level) if times else {}
     none_found = []

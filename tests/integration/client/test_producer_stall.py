@@ -13,6 +13,16 @@ from oncelog.client.producer.accumulator import ProducerBatch
 from oncelog.client.producer.idempotence import Partition
 
 
+def produce_to_both_and_close(p: Any, topic: str, reports: Reports, stranded: str) -> None:
+    """Ten records to each of partitions 0 (a0..a9) and 1 (b0..b9), interleaved, so one request carries a batch
+    of each; flush() must finish well inside its timeout, or a batch was left behind (`stranded` says how)."""
+    for i in range(10):
+        p.produce(topic, b"a%d" % i, partition=0, on_delivery=reports)
+        p.produce(topic, b"b%d" % i, partition=1, on_delivery=reports)
+    assert p.flush(8) == 0, stranded
+    p.close()
+
+
 def test_a_failing_answer_handler_does_not_strand_the_other_partitions_of_the_request(module_broker, topic_name):
     """One Produce request carries a batch of each partition (max.in.flight 1, one broker). If handling the first
     partition's answer raises, the other partition's batch must still leave the request: before the fix it stayed
@@ -32,11 +42,7 @@ def test_a_failing_answer_handler_does_not_strand_the_other_partitions_of_the_re
             raise RuntimeError("a completion that fails (for the test)")
 
     sender.complete = complete_then_raise
-    for i in range(10):
-        p.produce(topic_name, b"a%d" % i, partition=0, on_delivery=reports)
-        p.produce(topic_name, b"b%d" % i, partition=1, on_delivery=reports)
-    assert p.flush(8) == 0, "a partition stalled behind a batch left in flight"
-    p.close()
+    produce_to_both_and_close(p, topic_name, reports, "a partition stalled behind a batch left in flight")
     assert len(raised) == 1
     assert reports.errors() == []
     assert len(reports.delivered()) == 20
@@ -69,11 +75,7 @@ def test_a_batch_that_cannot_be_built_fails_alone_and_strands_nothing(module_bro
         original(self, *args)
 
     monkeypatch.setattr(owner, name, build_or_raise)
-    for i in range(10):
-        p.produce(topic_name, b"a%d" % i, partition=0, on_delivery=reports)
-        p.produce(topic_name, b"b%d" % i, partition=1, on_delivery=reports)
-    assert p.flush(8) == 0, "a batch was stranded or lost"
-    p.close()
+    produce_to_both_and_close(p, topic_name, reports, "a batch was stranded or lost")
     assert len(raised) == 1
     assert sorted(m.value() for m in reports.delivered()) == sorted(b"a%d" % i for i in range(10))
     assert len(reports.errors()) == 10 and all("could not build" in str(e) for e in reports.errors())
