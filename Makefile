@@ -6,8 +6,11 @@ STAMP := $(VENV)/.setup-stamp
 DATA_DIR ?= ./data
 LISTEN ?= 127.0.0.1:9092
 PYTEST_ARGS ?=
+# make test leaves out the slow runs against real Apache Kafka (the 3-node cluster, the long fault runs):
+# `make kafka-test` runs every test against Kafka.
+TEST_MARKERS ?= not kafka_cluster and not kafka_slow
 
-.PHONY: setup run test lint bench clean
+.PHONY: setup run test kafka-test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -22,7 +25,12 @@ run: setup
 
 test: setup
 	$(VENV)/bin/ruff check src tests bench
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+
+# oncelog's client, CLI and Spark pipelines against Apache Kafka 4.4 (KRaft; jars from Maven Central, cached in
+# ~/.m2): one node with PLAINTEXT, SSL, SASL_SSL and SASL_PLAINTEXT listeners, and a 3-node cluster.
+kafka-test: setup
+	$(PY) -m pytest -q -m kafka tests/kafka $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

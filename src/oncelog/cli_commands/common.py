@@ -27,8 +27,9 @@ def connection_options() -> argparse.ArgumentParser:
     group.add_argument("--bootstrap-server", "-b", default=os.environ.get(BOOTSTRAP_ENV, DEFAULT_BOOTSTRAP),
                        metavar="HOST:PORT",
                        help=f"broker(s) to bootstrap from (default ${BOOTSTRAP_ENV} or {DEFAULT_BOOTSTRAP})")
-    group.add_argument("--command-config", "-X", action="append", default=[], metavar="KEY=VALUE",
-                       help="a client configuration property (Kafka's names), repeatable")
+    group.add_argument("--command-config", "-X", action="append", default=[], metavar="KEY=VALUE|FILE",
+                       help="a client configuration property (Kafka's names), or a client.properties file "
+                            "as Kafka's tools take it (security.protocol, sasl.*, ssl.* ...); repeatable")
     group.add_argument("--json", action="store_true", help="print the result as JSON, for scripts")
     group.add_argument("--timeout", type=float, default=60.0, metavar="SECONDS",
                        help="give up on an operation after this long (default 60)")
@@ -39,13 +40,26 @@ def client_config(args: argparse.Namespace, extra: dict[str, Any] | None = None)
     conf: dict[str, Any] = {"bootstrap.servers": args.bootstrap_server, "client.id": "oncelog-cli"}
     for item in args.command_config:
         key, sep, value = item.partition("=")
+        if not sep and os.path.isfile(item):
+            conf.update(_properties_file(item))
+            continue
         if not sep or not key:
-            raise CommandError(f"--command-config expects KEY=VALUE, got {item!r}")
+            raise CommandError(f"--command-config expects KEY=VALUE or a properties file, got {item!r}")
         conf[key.strip()] = value
     conf.update(extra or {})
     if "request.timeout.ms" not in conf:  # so that --timeout also bounds reaching a broker at all
         conf["request.timeout.ms"] = max(1, min(30000, int(args.timeout * 1000)))
     return conf
+
+
+def _properties_file(path: str) -> dict[str, str]:
+    from ..config import parse_properties
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return parse_properties(handle.read())
+    except (OSError, ValueError) as exc:
+        raise CommandError(f"--command-config {path}: {exc}") from None
 
 
 @contextmanager

@@ -27,7 +27,15 @@ from oncelog.protocol.messages import REQUESTS
 
 from .config import ClientConfig
 from .connection import BrokerConnection
-from .errors import KafkaError, KafkaTimeoutError, NetworkError, RetriableError, error_for
+from .errors import (
+    AuthenticationError,
+    KafkaError,
+    KafkaTimeoutError,
+    NetworkError,
+    RetriableError,
+    error_for,
+)
+from .security import security_from_config
 
 __all__ = ["Cluster", "BrokerInfo", "TopicMetadata", "PartitionMetadata", "GROUP", "TRANSACTION", "COORDINATOR_BASE"]
 
@@ -105,6 +113,11 @@ class Cluster:
         self.metadata_listeners: list[Callable[[], None]] = []
         self._closed = False
         self._rotation = 0
+        # TLS context and SASL credentials, built once: a bad file or key is a ValueError here, not later.
+        self.security = security_from_config(config)
+        #: the first authentication failure; every later connection attempt raises it at once (a wrong
+        #: password or an untrusted certificate does not fix itself, and retrying would only hide it)
+        self.auth_error: AuthenticationError | None = None
 
     # -- settings -------------------------------------------------------------------------------
 
@@ -189,6 +202,8 @@ class Cluster:
         conn = self._connections.get(node_id)
         if conn is not None and not conn.closed:
             return conn
+        if self.auth_error is not None:
+            raise self.auth_error
         task = self._connecting.get(node_id)
         if task is None:
             if self._address(node_id) is None:
@@ -220,10 +235,17 @@ class Cluster:
             client_id=self.config.client_id,
             request_timeout_ms=self.config["request.timeout.ms"],
             connect_timeout_ms=self.config["socket.connection.setup.timeout.ms"],
+            security=self.security,
         )
         self.stats["connects"] += 1
         try:
             await conn.connect()
+        except AuthenticationError as exc:
+            self.stats["connect_failures"] += 1
+            if self.auth_error is None:
+                self.auth_error = exc
+                log.error("authentication with %s failed: %s", conn.address, exc)
+            raise
         except KafkaError:
             self.stats["connect_failures"] += 1
             backoff.failures += 1

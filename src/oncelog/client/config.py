@@ -26,7 +26,7 @@ _MAX_INT32 = 2**31 - 1
 @dataclass(frozen=True)
 class _Key:
     name: str
-    kind: str  # "int" | "bool" | "str" | "list" | "servers" | "acks"
+    kind: str  # "int" | "bool" | "str" | "upper" | "list" | "servers" | "acks" | "callable"
     default: Any
     roles: frozenset[str]
     minimum: int | None = None
@@ -60,6 +60,32 @@ _KEYS: dict[str, _Key] = {k.name: k for k in [
     _int("reconnect.backoff.max.ms", 1000, _ALL),
     _int("metadata.max.age.ms", 300000, _ALL, minimum=1),
     _Key("allow.auto.create.topics", "bool", None, _ALL),  # None: the role's default, see below
+    # security (client/security.py): librdkafka's names, and the Java client's PEM spellings
+    _Key("security.protocol", "upper", "PLAINTEXT", _ALL,
+         choices=("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")),
+    _str("ssl.ca.location", None, _ALL),
+    _str("ssl.certificate.location", None, _ALL),
+    _str("ssl.key.location", None, _ALL),
+    _str("ssl.key.password", None, _ALL),
+    _str("ssl.endpoint.identification.algorithm", "https", _ALL),
+    _bool("enable.ssl.certificate.verification", True, _ALL),
+    _str("ssl.truststore.type", None, _ALL),
+    _str("ssl.truststore.location", None, _ALL),
+    _str("ssl.truststore.certificates", None, _ALL),
+    _str("ssl.truststore.password", None, _ALL),  # accepted for Java configs; PEM trust stores have none
+    _str("ssl.keystore.type", None, _ALL),
+    _str("ssl.keystore.location", None, _ALL),
+    _str("ssl.keystore.certificate.chain", None, _ALL),
+    _str("ssl.keystore.key", None, _ALL),
+    _str("ssl.keystore.password", None, _ALL),  # accepted for Java configs; the key's is ssl.key.password
+    _str("sasl.mechanism", None, _ALL),
+    _str("sasl.username", None, _ALL),
+    _str("sasl.password", None, _ALL),
+    _str("sasl.jaas.config", None, _ALL),
+    _str("sasl.oauthbearer.token", None, _ALL),
+    _str("sasl.oauthbearer.config", None, _ALL),
+    _str("sasl.oauthbearer.extensions", None, _ALL),
+    _Key("oauth_cb", "callable", None, _ALL, nullable=True),
     # producer
     _Key("acks", "acks", -1, _PRODUCER),
     _Key("enable.idempotence", "bool", True, _PRODUCER),
@@ -106,7 +132,13 @@ _ALIASES = {
     "message.timeout.ms": "delivery.timeout.ms",
     "topic.metadata.refresh.interval.ms": "metadata.max.age.ms",
     "fetch.max.wait.ms": "fetch.wait.max.ms",
+    "sasl.mechanisms": "sasl.mechanism",
+    "sasl.user": "sasl.username",
 }
+
+#: values never printed (repr, error messages)
+_SECRETS = frozenset({"sasl.password", "ssl.key.password", "sasl.oauthbearer.token", "sasl.jaas.config",
+                      "ssl.keystore.key", "ssl.keystore.password", "ssl.truststore.password"})
 
 _OFFSET_RESET_ALIASES = {"smallest": "earliest", "beginning": "earliest", "largest": "latest", "end": "latest"}
 
@@ -158,6 +190,15 @@ def _parse(key: _Key, value: Any) -> Any:
             return None
         raise ValueError(f"{name}: a value is required")
     kind = key.kind
+    if kind == "callable":
+        if not callable(value):
+            raise ValueError(f"{name}: expected a function, got {type(value).__name__}")
+        return value
+    if kind == "upper":
+        text = str(value).strip().upper()
+        if key.choices and text not in key.choices:
+            raise ValueError(f"{name}: {value!r} is not one of {', '.join(key.choices)}")
+        return text
     if kind == "servers":
         return parse_bootstrap_servers(value)
     if kind == "acks":
@@ -347,5 +388,6 @@ class ClientConfig:
         return self._values["request.timeout.ms"]
 
     def __repr__(self) -> str:
-        return f"ClientConfig(role={self.role!r}, {self._explicit!r})"
+        shown = {k: ("[redacted]" if k in _SECRETS else v) for k, v in self._explicit.items()}
+        return f"ClientConfig(role={self.role!r}, {shown!r})"
 

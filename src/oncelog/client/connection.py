@@ -15,13 +15,21 @@ idempotent producer exists for.
 Frames are read with a `BufferedProtocol`: small frames are cut out of one receive
 buffer; a large frame (a fetch response) gets its own bytearray that the socket fills
 directly, and the caller gets a memoryview of it, so records are not copied.
+
+A secured connection (client/security.py) wraps the socket in TLS and, after ApiVersions,
+runs the SASL exchange (client/sasl.py). When the broker grants a session of limited
+lifetime (KIP-368), the connection re-authenticates before it ends; while it does, new
+requests wait, because the broker reads the next frames as the SASL exchange's.
+A refusal is an `AuthenticationError`, never a retriable network error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import re
+import ssl
 import struct
 from collections import deque
 from collections.abc import Sequence
@@ -32,7 +40,17 @@ from oncelog.protocol.apis import ApiKey
 from oncelog.protocol.messages import REQUESTS
 from oncelog.protocol.primitives import ProtocolError
 
-from .errors import NetworkError, RequestTimedOut, UnsupportedVersion, error_for
+from . import sasl
+from .errors import (
+    AuthenticationError,
+    KafkaError,
+    NetworkError,
+    RequestTimedOut,
+    SslAuthenticationError,
+    UnsupportedVersion,
+    error_for,
+)
+from .security import Security
 
 __all__ = ["BrokerConnection", "CLIENT_SOFTWARE_NAME", "CLIENT_SOFTWARE_VERSION"]
 
@@ -61,6 +79,10 @@ _CORRELATION = struct.Struct(">i")
 _RECV_BUFFER = 256 * 1024
 _JOIN_LIMIT = 256 * 1024  # below this a request goes out as one joined write
 _MAX_FRAME = 1 << 30  # a response larger than 1 GiB is garbage, not a fetch
+# The first answer on a connection is ApiVersions, a few hundred bytes. A "size" this large whose bytes
+# read as a TLS record header (content type 21 alert or 22 handshake, version 3.x) is a TLS listener
+# answering a plaintext client.
+_FIRST_FRAME_SANE = 1 << 20
 _API_VERSIONS_VERSION = 3
 
 
@@ -87,11 +109,14 @@ class _Protocol(asyncio.BufferedProtocol):
         self._end = 0
         self._frame: bytearray | None = None
         self._frame_pos = 0
+        self._first = True
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]
 
     def connection_lost(self, exc: Exception | None) -> None:
+        if isinstance(exc, ssl.SSLError) and self.conn._tls_failure is None:
+            self.conn._tls_failure = exc
         self.conn._fail(NetworkError(f"connection to {self.conn.address} lost" + (f": {exc}" if exc else "")))
 
     def pause_writing(self) -> None:
@@ -124,6 +149,12 @@ class _Protocol(asyncio.BufferedProtocol):
         view = self._view
         while self._end - self._start >= 4 and not self.conn._closed:
             (size,) = _SIZE.unpack_from(buf, self._start)
+            if self._first:
+                self._first = False
+                if size > _FIRST_FRAME_SANE and buf[self._start] in (21, 22) and buf[self._start + 1] == 3:
+                    self.conn._tls_mismatch = True
+                    self.conn._fail(NetworkError(f"{self.conn.address} answered with TLS to a plaintext client"))
+                    return
             if not 4 <= size <= _MAX_FRAME:
                 self.conn._fail(NetworkError(f"response of {size} bytes from {self.conn.address}: stream broken"))
                 return
@@ -155,6 +186,7 @@ class BrokerConnection:
         client_id: str | None = "oncelog-python",
         request_timeout_ms: int = 30000,
         connect_timeout_ms: int = 10000,
+        security: Security | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -171,6 +203,16 @@ class BrokerConnection:
         self._close_reason: NetworkError | None = None
         self._can_write = asyncio.Event()
         self._can_write.set()
+        self.security = security
+        #: session lifetime the broker granted at the last SASL exchange, ms (0: unlimited or no SASL)
+        self.session_lifetime_ms = 0
+        #: completed SASL exchanges on this connection (1 after connect, +1 per re-authentication)
+        self.authentications = 0
+        self._auth_gate: asyncio.Event | None = None  # set while re-authenticating; requests wait for it
+        self._reauth_timer: asyncio.TimerHandle | None = None
+        self._reauth_task: asyncio.Task | None = None
+        self._tls_failure: ssl.SSLError | None = None
+        self._tls_mismatch = False
 
     @property
     def address(self) -> str:
@@ -191,22 +233,109 @@ class BrokerConnection:
     # -- connect ----------------------------------------------------------------------------------
 
     async def connect(self) -> None:
-        """TCP connect and ApiVersions, both within socket.connection.setup.timeout.ms; NetworkError on failure."""
+        """TCP connect (and TLS), ApiVersions (and SASL), within socket.connection.setup.timeout.ms.
+
+        NetworkError when the broker cannot be reached; AuthenticationError when it can, but TLS or SASL
+        refuses: that one is not worth retrying.
+        """
         loop = asyncio.get_running_loop()
+        context = self.security.ssl_context if self.security is not None else None
+        tls: dict = {} if context is None else {
+            "ssl": context, "server_hostname": self.host, "ssl_handshake_timeout": self.connect_timeout}
+        self._tls_failure = None
+        self._tls_mismatch = False
         try:
             _, protocol = await asyncio.wait_for(
-                loop.create_connection(lambda: _Protocol(self), self.host, self.port), self.connect_timeout)
+                loop.create_connection(lambda: _Protocol(self), self.host, self.port, **tls), self.connect_timeout)
+        except ssl.SSLError as exc:
+            raise self._tls_error(exc) from None
         except OSError as exc:  # TimeoutError included
             reason = "timed out" if isinstance(exc, TimeoutError) else str(exc)
+            if context is not None and isinstance(exc, (ConnectionResetError, TimeoutError)):
+                reason += " during the TLS handshake (is this a TLS listener?)"
             raise NetworkError(f"cannot connect to {self.address}: {reason}") from None
         self._protocol = protocol
         self._closed = False
         self._close_reason = None
         try:
             await self._negotiate_versions()
-        except BaseException:
-            self._fail(NetworkError(f"ApiVersions with {self.address} failed"))
+            if self.security is not None and self.security.sasl is not None:
+                await self._authenticate(self.connect_timeout)
+        except BaseException as exc:
+            self._fail(NetworkError(f"connecting to {self.address} failed"))
+            if self._tls_mismatch:
+                raise SslAuthenticationError(
+                    f"{self.address} answers with TLS but this client speaks plaintext: set security.protocol "
+                    "to SSL or SASL_SSL") from None
+            if self._tls_failure is not None and isinstance(exc, NetworkError):
+                raise self._tls_error(self._tls_failure) from None
             raise
+
+    def _tls_error(self, exc: ssl.SSLError) -> SslAuthenticationError:
+        """A TLS failure in words: whose certificate, and which setting to look at."""
+        if isinstance(exc, ssl.SSLCertVerificationError):
+            what = exc.verify_message or exc.reason or str(exc)
+            hint = "check ssl.ca.location"
+            if "hostname" in str(what).lower() or "match" in str(what).lower():
+                hint = ("the certificate does not name this host; check the address or "
+                        "ssl.endpoint.identification.algorithm")
+            return SslAuthenticationError(
+                f"TLS handshake with {self.address} failed: the broker's certificate is not trusted: {what} "
+                f"({hint})")
+        reason = str(exc.reason or exc)
+        upper = reason.upper()
+        if "CERTIFICATE_REQUIRED" in upper or "UNKNOWN_CA" in upper or "BAD_CERTIFICATE" in upper:
+            return SslAuthenticationError(
+                f"TLS handshake with {self.address} failed: the broker refused this client's certificate "
+                f"({reason}); check ssl.certificate.location and ssl.key.location")
+        if "WRONG_VERSION_NUMBER" in upper or "RECORD_LAYER" in upper:
+            return SslAuthenticationError(
+                f"TLS handshake with {self.address} failed ({reason}): the listener does not speak TLS; "
+                "check security.protocol and the port")
+        return SslAuthenticationError(f"TLS with {self.address} failed: {reason}")
+
+    async def _authenticate(self, timeout: float) -> None:
+        """One SASL exchange on this connection; arms re-authentication if the session is limited."""
+        assert self.security is not None and self.security.sasl is not None
+
+        async def send(api_key: int, version: int, body: bytes) -> memoryview:
+            frame = await self.request(api_key, version, body, timeout=timeout, _auth=True)
+            assert frame is not None
+            return frame
+
+        lifetime = await sasl.authenticate(self.security.sasl, self.api_versions, self.address, send)
+        self.session_lifetime_ms = lifetime
+        self.authentications += 1
+        if lifetime > 0 and not self._closed:
+            delay = sasl.reauthentication_delay(lifetime, random.random())
+            self._reauth_timer = asyncio.get_running_loop().call_later(delay, self._start_reauthentication)
+
+    def _start_reauthentication(self) -> None:
+        self._reauth_timer = None
+        if not self._closed:
+            self._reauth_task = asyncio.get_running_loop().create_task(self._reauthenticate())
+
+    async def _reauthenticate(self) -> None:
+        """KIP-368: the same exchange again, on this connection, with requests held back until it ends.
+
+        Requests already in flight are answered first (the broker handles a connection's requests in
+        order); new ones wait at the gate, since the broker reads the frames after SaslHandshake as the
+        exchange's. A refusal closes the connection; the next connect reports the cause.
+        """
+        gate = self._auth_gate = asyncio.Event()
+        try:
+            await self._authenticate(self.request_timeout)
+        except AuthenticationError as exc:
+            log.warning("re-authentication with %s failed: %s", self.address, exc)
+            self._fail(NetworkError(f"re-authentication with {self.address} failed: {exc.message}"))
+        except KafkaError as exc:
+            self._fail(NetworkError(f"re-authentication with {self.address} failed: {exc}"))
+        except Exception as exc:  # a bug must not leave the gate shut
+            log.exception("re-authentication with %s failed", self.address)
+            self._fail(NetworkError(f"re-authentication with {self.address} failed: {exc!r}"))
+        finally:
+            self._auth_gate = None
+            gate.set()
 
     async def _negotiate_versions(self) -> None:
         version = _API_VERSIONS_VERSION
@@ -248,6 +377,7 @@ class BrokerConnection:
         *,
         timeout: float | None = None,
         expect_response: bool = True,
+        _auth: bool = False,
     ) -> memoryview | None:
         """Send one request; the response body (header stripped) as a memoryview, or None without response.
 
@@ -255,6 +385,8 @@ class BrokerConnection:
         seconds (default request.timeout.ms); when it passes, the connection is closed and every
         request in flight fails. Cancelling the awaiting task does not unsend the request.
         """
+        if self._auth_gate is not None and not _auth:
+            await self._auth_gate.wait()  # re-authentication in progress
         transport = None if self._protocol is None else self._protocol.transport
         if self._closed or transport is None or transport.is_closing():
             raise self._close_reason or NetworkError(f"connection to {self.address} is closed")
@@ -348,6 +480,9 @@ class BrokerConnection:
             self._close_reason = error
         self._closed = True
         self._can_write.set()
+        if self._reauth_timer is not None:
+            self._reauth_timer.cancel()
+            self._reauth_timer = None
         protocol = self._protocol
         if protocol is not None and protocol.transport is not None:
             protocol.transport.close()

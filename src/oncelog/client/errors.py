@@ -23,6 +23,8 @@ __all__ = [
     "DataLossError",
     "RecordError",
     "KafkaTimeoutError",
+    "AuthenticationError",
+    "SslAuthenticationError",
     "error_for",
     "code_name",
 ]
@@ -110,6 +112,24 @@ class UnsupportedVersion(FatalError):
     default_code = int(ErrorCode.UNSUPPORTED_VERSION)
 
 
+class AuthenticationError(FatalError):
+    """The broker refused who we are (SASL) or we refused who it is (TLS): retrying cannot help.
+
+    Raised from the connection attempt with the cause in words (wrong password, untrusted certificate,
+    a mechanism the broker does not enable); the client keeps it and fails every later operation with it
+    at once, instead of reconnecting in a loop.
+    """
+
+    default_code = int(ErrorCode.SASL_AUTHENTICATION_FAILED)
+
+
+class SslAuthenticationError(AuthenticationError):
+    """The TLS handshake failed: the broker's certificate is not trusted, its name does not match, or the
+    listener does not speak TLS the way this client was told."""
+
+    default_code = None
+
+
 class ProducerFenced(FatalError):
     """A newer producer instance with the same transactional.id took over (or the epoch is stale)."""
 
@@ -138,6 +158,9 @@ class KafkaTimeoutError(KafkaError):
 
 
 _ALWAYS_FATAL: dict[int, type[FatalError]] = {
+    ErrorCode.SASL_AUTHENTICATION_FAILED: AuthenticationError,
+    ErrorCode.UNSUPPORTED_SASL_MECHANISM: AuthenticationError,
+    ErrorCode.ILLEGAL_SASL_STATE: AuthenticationError,
     ErrorCode.UNSUPPORTED_VERSION: UnsupportedVersion,
     ErrorCode.CLUSTER_AUTHORIZATION_FAILED: FatalError,
     ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED: FatalError,

@@ -14,12 +14,13 @@ import kafka.protocol.admin as _admin
 import kafka.protocol.consumer as _consumer
 import kafka.protocol.metadata as _metadata
 import kafka.protocol.producer as _producer
+import kafka.protocol.sasl as _sasl
 
 from .primitives import ProtocolError
 
 REQUESTS: dict[int, Any] = {}
 RESPONSES: dict[int, Any] = {}
-for _module in (_admin, _consumer, _metadata, _producer):
+for _module in (_admin, _consumer, _metadata, _producer, _sasl):
     for _name in _module.__all__:
         _cls = getattr(_module, _name)
         if hasattr(_cls, "API_KEY") and hasattr(_cls, "json"):
