@@ -4,10 +4,17 @@ each, so what the CLI wrote and read is checked by an independent client."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
 
 import pytest
+from confluent_kafka import Consumer as CKConsumer
 from tests.integration.client.admin_support import cli_error, cli_json, run_cli
-from tests.integration.helpers import Out, ck_consume, ck_produce, ck_producer
+from tests.integration.helpers import Out, ck_consume, ck_produce, ck_producer, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -153,3 +160,148 @@ def test_progress_bars(bootstrap, topic_name):
     assert proc.returncode == 0, proc.stderr
     assert "100.0% 2000/2000 records" in proc.stderr
     assert proc.stdout.splitlines() == [f"line-{i}" for i in range(2000)]
+
+
+class Background:
+    """`python -m oncelog ARGS --bootstrap-server B` running in the background; stdout and stderr are collected
+    as they come (progress bars end no line), stdin is a pipe the test writes to."""
+
+    def __init__(self, bootstrap: str, *args: str) -> None:
+        env = dict(os.environ)
+        env.pop("ONCELOG_BOOTSTRAP", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "oncelog", *args, "--bootstrap-server", bootstrap],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+        self.out, self.err = bytearray(), bytearray()
+        self._readers = [threading.Thread(target=self._collect, args=(stream, into), daemon=True)
+                         for stream, into in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
+        for reader in self._readers:
+            reader.start()
+
+    @staticmethod
+    def _collect(stream, into: bytearray) -> None:
+        while chunk := stream.read1(65536):
+            into.extend(chunk)
+
+    def write(self, data: bytes) -> None:
+        self.proc.stdin.write(data)
+        self.proc.stdin.flush()
+
+    def wait_for(self, predicate, what: str) -> None:
+        def ready() -> bool:
+            assert self.proc.poll() is None, f"exited {self.proc.returncode}: {bytes(self.err).decode()}"
+            return predicate()
+
+        wait_until(ready, timeout=30, what=what)
+
+    def stop(self, sig: signal.Signals, timeout: float = 10) -> int:
+        """Send `sig`; the exit status (the process must end within `timeout` seconds)."""
+        self.proc.send_signal(sig)
+        try:
+            code = self.proc.wait(timeout)
+        finally:
+            self.close()
+        for reader in self._readers:
+            reader.join(5)
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            stream.close()
+
+
+def group_state(bootstrap: str, group: str) -> tuple[str, list, dict[int, int]]:
+    described = cli_json(bootstrap, "groups", "describe", group)
+    return (described["state"], described["members"],
+            {o["partition"]: o["current_offset"] for o in described["offsets"]})
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_consume_in_a_group_stopped_by_a_signal_commits_and_leaves(bootstrap, topic_name, sig):
+    """SIGTERM stops `consume --group` as Ctrl-C does: what it printed is committed, LeaveGroup is sent (the group
+    is Empty at once, although the member's session timeout is a minute), exit status 0; the next member is
+    assigned the partitions and starts where the stopped one ended."""
+    group = topic_name + "-g"
+    cli_json(bootstrap, "topics", "create", topic_name, "-p", "2")
+    ck_produce(bootstrap, topic_name, [Out(p, None, b"%d-%d" % (p, i)) for p in (0, 1) for i in range(5)])
+    cli = Background(bootstrap, "consume", topic_name, "--group", group, "--from-beginning",
+                     "-X", "session.timeout.ms=60000", "-X", "heartbeat.interval.ms=1000")
+    try:
+        cli.wait_for(lambda: cli.out.count(b"\n") == 10, "the CLI consumer printing the 10 records")
+        state, members, _ = group_state(bootstrap, group)
+        assert (state, len(members)) == ("Stable", 1)
+        code = cli.stop(sig)
+    finally:
+        cli.close()
+    assert (code, bytes(cli.err)) == (0, b"")
+    assert sorted(bytes(cli.out).splitlines()) == sorted(b"%d-%d" % (p, i) for p in (0, 1) for i in range(5))
+    assert group_state(bootstrap, group) == ("Empty", [], {0: 5, 1: 5})
+
+    ck_produce(bootstrap, topic_name, [Out(p, None, b"new-%d" % p) for p in (0, 1)])
+    successor = CKConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                            "auto.offset.reset": "earliest", "session.timeout.ms": 6000})
+    try:
+        successor.subscribe([topic_name])
+        got: list[tuple[int, int, bytes]] = []
+        deadline = time.monotonic() + 30  # the old member, had it not left, would hold the group for 60 s
+        while len(got) < 2 and time.monotonic() < deadline:
+            msg = successor.poll(0.2)
+            if msg is not None and msg.error() is None:
+                got.append((msg.partition(), msg.offset(), msg.value()))
+        assert sorted(got) == [(0, 5, b"new-0"), (1, 5, b"new-1")]
+        assert sorted(tp.partition for tp in successor.assignment()) == [0, 1]
+    finally:
+        successor.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_produce_stopped_by_a_signal_delivers_what_it_accepted(bootstrap, topic_name, sig):
+    """Lines the CLI producer has taken (linger.ms holds them in its buffer) are delivered when SIGTERM stops it,
+    as on Ctrl-C: exit status 130 and 'interrupted'."""
+    cli_json(bootstrap, "topics", "create", topic_name)
+    cli = Background(bootstrap, "produce", topic_name, "--progress", "-X", "linger.ms=600000")
+    try:
+        for i in range(3):
+            cli.write(b"line-%d\n" % i)
+            # the bar shows a count after produce() took the record; it redraws at most every 0.1 s
+            cli.wait_for(lambda n=i + 1: f"producing to {topic_name} {n} records".encode() in cli.err,
+                         f"the CLI producer taking line {i}")
+            time.sleep(0.11)
+        assert ck_consume(bootstrap, topic_name, {0: 0}) == []  # still in the producer's buffer
+        code = cli.stop(sig)
+    finally:
+        cli.close()
+    assert code == 130 and bytes(cli.err).endswith(b"oncelog: interrupted\n"), (code, bytes(cli.err))
+    assert [(r.offset, r.value) for r in ck_consume(bootstrap, topic_name, {0: 0})] == [
+        (0, b"line-0"), (1, b"line-1"), (2, b"line-2")]
+
+
+def txn_state(bootstrap: str, txn_id: str) -> str | None:
+    """The coordinator's state of a transactional id (None until the producer registered it)."""
+    proc = run_cli(bootstrap, "transactions", "describe", txn_id, "--json")
+    return json.loads(proc.stdout)["state"] if proc.returncode == 0 else None
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_transactional_produce_stopped_by_a_signal_aborts(bootstrap, topic_name, sig):
+    """SIGTERM aborts the open transaction as Ctrl-C does, rather than leaving it to pin the last stable offset
+    until transaction.timeout.ms."""
+    cli_json(bootstrap, "topics", "create", topic_name)
+    txn_id = topic_name + "-txn"
+    cli = Background(bootstrap, "produce", topic_name, "--transactional", "--transactional-id", txn_id)
+    try:
+        cli.write(b"a\nb\n")
+        cli.wait_for(lambda: txn_state(bootstrap, txn_id) == "Ongoing", "the CLI producer's transaction to start")
+        wait_until(lambda: cli_json(bootstrap, "records", "offsets", topic_name)[0]["offset"] == 2,
+                   what="the two records written")
+        code = cli.stop(sig)
+    finally:
+        cli.close()
+    assert code == 130 and bytes(cli.err).endswith(b"oncelog: interrupted\n"), (code, bytes(cli.err))
+    # EndTxn(ABORT), then the client's epoch bump (KIP-360) may already have moved it on to Empty
+    assert txn_state(bootstrap, txn_id) in ("CompleteAbort", "Empty")
+    assert cli_json(bootstrap, "records", "offsets", topic_name, "--isolation", "read_committed") == \
+        cli_json(bootstrap, "records", "offsets", topic_name)  # nothing open: the LSO is the end of the log
+    assert ck_consume(bootstrap, topic_name, {0: 0}, **{"isolation.level": "read_committed"}) == []

@@ -22,6 +22,7 @@ import pytest
 pytest.importorskip("pyspark", reason="the Spark tests need the `spark` extra: pip install -e '.[dev,spark]'")
 
 from oncelog.spark import register  # noqa: E402
+from oncelog.spark.sink import OVERWRITE_REFUSED  # noqa: E402
 from tests.integration.helpers import Rec, ck_consume, create_topic, norm_headers  # noqa: E402
 from tests.spark.session import require_spark, start_session, stop_session  # noqa: E402
 from tests.spark.txn_data import (  # noqa: E402
@@ -259,3 +260,47 @@ def test_spark_kafka_sink_writes_to_oncelog(kafka_spark, module_broker, topic_na
     for partition in range(3):
         offsets = [r.offset for r in got if r.partition == partition]
         assert offsets == list(range(100)), f"partition {partition}: offsets {offsets[:5]}..."
+
+
+def test_batch_write_save_modes_against_spark_kafka_sink(kafka_spark, module_broker, topic_name):
+    """Spark's Kafka sink as the oracle for save modes: it appends in Append and ErrorIfExists (the default, so
+    a bare .save() works) and refuses Overwrite and Ignore. The oncelog sink appends in Append and refuses
+    Overwrite in the same words, adding what to write; ErrorIfExists and Ignore Spark refuses for every Python
+    data source before the source is asked (the one difference: the oncelog sink needs .mode("append"))."""
+    from pyspark.errors import AnalysisException
+
+    register(kafka_spark)
+    bootstrap = module_broker.bootstrap
+    modes = [None, "errorifexists", "append", "overwrite", "ignore"]
+
+    def outcomes(fmt: str, topic: str) -> dict[str | None, tuple[str | None, str]]:
+        """mode (None: none set) -> ("written", "") or (error condition, message)."""
+        create_topic(bootstrap, topic)
+        got = {}
+        for mode in modes:
+            writer = (kafka_spark.createDataFrame([(f"{mode}",)], "value string").write.format(fmt)
+                      .option("kafka.bootstrap.servers", bootstrap).option("topic", topic))
+            try:
+                (writer if mode is None else writer.mode(mode)).save()
+                got[mode] = ("written", "")
+            except AnalysisException as exc:
+                got[mode] = (exc.getCondition(), str(exc))
+        written = ck_consume(bootstrap, topic, {0: 0}, **{"isolation.level": "read_committed"})
+        assert sorted(r.value.decode() for r in written) == sorted(f"{m}" for m in modes if got[m][0] == "written")
+        return got
+
+    kafka = outcomes("kafka", topic_name + "-kafka")
+    assert {mode: condition for mode, (condition, _) in kafka.items()} == {
+        None: "written", "errorifexists": "written", "append": "written",
+        "overwrite": "_LEGACY_ERROR_TEMP_3081", "ignore": "_LEGACY_ERROR_TEMP_3081"}
+    for mode in ("Overwrite", "Ignore"):
+        assert (f"Save mode {mode} not allowed for Kafka. Allowed save modes are Append and ErrorIfExists "
+                "(default).") in kafka[mode.lower()][1]
+
+    oncelog = outcomes("oncelog", topic_name + "-oncelog")
+    assert {mode: condition for mode, (condition, _) in oncelog.items()} == {
+        None: "UNSUPPORTED_DATA_SOURCE_SAVE_MODE", "errorifexists": "UNSUPPORTED_DATA_SOURCE_SAVE_MODE",
+        "append": "written", "overwrite": "PYTHON_DATA_SOURCE_ERROR", "ignore": "UNSUPPORTED_DATA_SOURCE_SAVE_MODE"}
+    for mode, name in ((None, "ErrorIfExists"), ("errorifexists", "ErrorIfExists"), ("ignore", "Ignore")):
+        assert f'The data source "oncelog" cannot be written in the "{name}" mode.' in oncelog[mode][1]
+    assert f"oncelog.spark.options.OptionError: {OVERWRITE_REFUSED}" in oncelog["overwrite"][1]

@@ -16,7 +16,7 @@ from oncelog.client.errors import KafkaError
 from oncelog.client.partitioner import partition_for_key
 from oncelog.spark import register
 from oncelog.spark.options import OptionError
-from oncelog.spark.sink import OncelogStreamWriter, SinkCommit, finish, write_partition
+from oncelog.spark.sink import OVERWRITE_REFUSED, OncelogStreamWriter, SinkCommit, finish, write_partition
 from oncelog.spark.sink_rows import check_schema
 from oncelog.spark.txn_ids import marker_group, transactional_id
 from oncelog.spark.write_options import parse_write_options
@@ -193,9 +193,41 @@ def test_sink_options_and_columns_are_checked(sink_spark):
         check_schema(sink_spark.createDataFrame([], "value string").schema, None)
     with pytest.raises(OptionError, match="column 'partition'"):
         check_schema(sink_spark.createDataFrame([], "value string, partition string").schema, "t")
-    with pytest.raises(Exception, match="overwrite"):
-        sink_spark.createDataFrame([("a",)], "value string").write.format("oncelog") \
-            .option("bootstrap.servers", "127.0.0.1:1").option("topic", "t").mode("overwrite").save()
+
+
+def save_error(writer) -> tuple[str | None, str]:
+    """The error condition and message of writer.save() (which must fail)."""
+    from pyspark.errors import AnalysisException
+
+    with pytest.raises(AnalysisException) as failed:
+        writer.save()
+    return failed.value.getCondition(), str(failed.value)
+
+
+def test_batch_write_save_modes(sink_spark, module_broker, topic_name):
+    """Save modes as Spark's Kafka sink has them, as far as a Python data source can: Append writes, Overwrite is
+    refused with a message that says what to write. Spark itself refuses its default mode (ErrorIfExists) and
+    Ignore for every Python data source before the source is asked, so the README's call needs .mode("append")."""
+    bootstrap = module_broker.bootstrap
+    create_topic(bootstrap, topic_name)
+    df = sink_spark.createDataFrame([("a",), ("b",)], "value string")
+
+    def writer():  # the README's call
+        return df.write.format("oncelog").option("kafka.bootstrap.servers", bootstrap).option("topic", topic_name)
+
+    for refused in (writer(), writer().mode("errorifexists"), writer().mode("ignore")):
+        condition, message = save_error(refused)
+        assert condition == "UNSUPPORTED_DATA_SOURCE_SAVE_MODE", message
+        assert 'The data source "oncelog" cannot be written in the' in message and '"Append"' in message
+    condition, message = save_error(writer().mode("overwrite"))
+    assert condition == "PYTHON_DATA_SOURCE_ERROR", message
+    assert OVERWRITE_REFUSED in message
+    assert 'Save mode Overwrite not allowed for oncelog' in message and '.mode("append")' in message
+    assert ck_consume(bootstrap, topic_name, {0: 0}) == []  # the refused writes wrote nothing, not even aborted
+
+    writer().mode("append").save()
+    assert sorted(read_values(bootstrap, topic_name, 1)) == [b"a", b"b"]
+    assert nothing_pending(bootstrap, topic_name, 1)
 
 
 def test_keyed_rows_land_on_the_java_partitioner_partition(sink_spark, module_broker, topic_name):

@@ -2,7 +2,7 @@
 
 `register` adds them to the top-level parser; `run` executes the chosen one under the
 CLI's error contract (common.py): a Kafka error or a usage problem is one line on stderr
-and exit status 1, never a traceback.
+and exit status 1, never a traceback. SIGTERM stops a command exactly as Ctrl-C does (interrupts.py).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from typing import Any
 
 from . import consume, groups, produce, producers, records, topics, transactions
 from .common import CommandError, connection_options
+from .interrupts import stop_on_signals
 
 FAMILIES = [topics, produce, consume, records, producers, transactions, groups]
 
@@ -27,7 +28,8 @@ def run(args: argparse.Namespace) -> int:
     from ..client.errors import KafkaError
 
     try:
-        return args.handler(args)
+        with stop_on_signals():
+            return args.handler(args)
     except KafkaError as exc:
         _fail(str(exc))
     except (CommandError, ValueError) as exc:

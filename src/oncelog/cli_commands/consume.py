@@ -2,7 +2,8 @@
 
 Without --group the consumer assigns itself the topic's partitions (or --partition) and starts at
 the end, at the beginning (--from-beginning) or at --offset; with --group it joins the group and
-starts at the group's committed offsets, and commits exactly what it printed when it stops.
+starts at the group's committed offsets, and commits exactly what it printed when it stops: at the end,
+or on Ctrl-C or SIGTERM, after which it leaves the group (so its partitions move to other members at once).
 Records are printed as they are (raw bytes, one per line) or as JSON Lines with --json.
 Output is written a fetched batch at a time, not a record at a time.
 """
@@ -17,6 +18,7 @@ from json.encoder import encode_basestring_ascii as _quote
 from typing import Any
 
 from .common import CommandError, admin_client, client_config, non_negative
+from .interrupts import deferred
 from .output import Progress
 
 BATCH = 500  # messages taken from the consumer per call
@@ -134,6 +136,7 @@ def _consume(args: argparse.Namespace) -> int:
     out = sys.stdout.buffer
     sep = args.key_separator.encode()
     ends = _Ends(args) if args.until_end else None
+    mid_batch = False
     try:
         if args.group:
             consumer.subscribe([args.topic])
@@ -150,26 +153,32 @@ def _consume(args: argparse.Namespace) -> int:
         with Progress(f"consuming {args.topic}", args.max, enabled=args.progress) as bar:
             while args.max is None or printed < args.max:
                 want = BATCH if args.max is None else min(BATCH, args.max - printed)
-                messages = consumer.consume(want, 0.2)
-                records = []
-                for msg in messages:
-                    error = msg.error()
-                    if error is not None:
-                        raise error if isinstance(error, KafkaError) else KafkaError(str(error))
-                    records.append(msg)
-                if records:
-                    last_record = time.monotonic()
-                    _write(out, records, args.json, args.print_key, sep)
-                    printed += len(records)
-                    bar.advance(len(records))
-                elif args.idle_timeout is not None and time.monotonic() - last_record >= args.idle_timeout:
+                # Ctrl-C or SIGTERM waits until the records taken are printed and counted, so the consumer's
+                # positions (what the commit below sends) are exactly what was printed.
+                with deferred():
+                    mid_batch = True
+                    messages = consumer.consume(want, 0.2)
+                    records = []
+                    for msg in messages:
+                        error = msg.error()
+                        if error is not None:
+                            raise error if isinstance(error, KafkaError) else KafkaError(str(error))
+                        records.append(msg)
+                    if records:
+                        last_record = time.monotonic()
+                        _write(out, records, args.json, args.print_key, sep)
+                        printed += len(records)
+                        bar.advance(len(records))
+                    mid_batch = False
+                if not records and args.idle_timeout is not None and \
+                        time.monotonic() - last_record >= args.idle_timeout:
                     break
                 if ends is not None and not records and ends.reached(consumer):
                     break
         if args.group and printed:
             consumer.commit(asynchronous=False)
-    except KeyboardInterrupt:
-        if args.group and printed:
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (interrupts.py); a second one mid-batch skips the commit
+        if args.group and printed and not mid_batch:
             consumer.commit(asynchronous=False)
     finally:
         out.flush()

@@ -4,6 +4,8 @@
     spark = SparkSession.builder.getOrCreate()
     df = spark.read.format("oncelog").option("kafka.bootstrap.servers", "127.0.0.1:9092") \\
         .option("subscribe", "events").load()
+    df.write.format("oncelog").mode("append").option("kafka.bootstrap.servers", "127.0.0.1:9092") \
+        .option("topic", "events").save()     # .mode("append") is required (sink.py says why)
 
 Spark's Python workers must run an interpreter that has oncelog and pyarrow installed, and PySpark picks the
 workers' interpreter from `PYSPARK_PYTHON` when the SparkContext starts (the system `python3` otherwise).

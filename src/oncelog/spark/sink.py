@@ -50,7 +50,9 @@ Requirements on the user's query (the guarantee rests on them):
   Nothing is duplicated or lost, but the query stops.
 
 Batch writes (`df.write`) use the same machinery with a sink id made once per write job on the driver and
-batch id 0.
+batch id 0. They need `.mode("append")`: Spark gives Python data sources only Append and Overwrite, and refuses
+its default mode (ErrorIfExists) itself, before this code runs; Overwrite is refused here, as Spark's Kafka sink
+refuses it.
 """
 
 from __future__ import annotations
@@ -264,9 +266,21 @@ def stream_writer(options: dict[str, str], schema: object) -> OncelogStreamWrite
     return OncelogStreamWriter(parsed)
 
 
+# Spark's Kafka sink (KafkaSourceProvider.createRelation) rejects Overwrite and Ignore with "Save mode <mode> not
+# allowed for Kafka. Allowed save modes are Append and ErrorIfExists (default)." and appends in the other two.
+# A Python data source cannot take ErrorIfExists or Ignore at all: Spark's DataFrameWriter.save refuses every mode
+# but Append and Overwrite for a batch-writable TableProvider (UNSUPPORTED_DATA_SOURCE_SAVE_MODE) before any
+# Python runs, so `writer()` is only ever asked for Append or Overwrite (overwrite=True).
+OVERWRITE_REFUSED = (
+    'Save mode Overwrite not allowed for oncelog: the sink only appends to topics. Write with '
+    '.mode("append"): df.write.format("oncelog").mode("append").option(...).save(). (Spark\'s Kafka sink also '
+    'takes the default mode, ErrorIfExists, as an append; a PySpark Python data source is only given Append '
+    'and Overwrite.)')
+
+
 def batch_writer(options: dict[str, str], schema: object, overwrite: bool) -> OncelogBatchWriter:
     if overwrite:
-        raise OptionError("the oncelog sink appends to topics; mode 'overwrite' is not supported")
+        raise OptionError(OVERWRITE_REFUSED)
     parsed = parse_write_options(options)
     check_schema(schema, parsed.topic)
     return OncelogBatchWriter(parsed)

@@ -67,7 +67,10 @@ def _input_partitions(ranges: Sequence[offs.OffsetRange]) -> list[InputPartition
 
 
 class OncelogDataSource(DataSource):
-    """Format "oncelog"; register with `spark.dataSource.register(OncelogDataSource)` or `oncelog.spark.register`."""
+    """Format "oncelog"; register with `spark.dataSource.register(OncelogDataSource)` or `oncelog.spark.register`.
+
+    Batch writes take `.mode("append")` only: Spark refuses its default mode (ErrorIfExists) and Ignore for every
+    Python data source before `writer` is called, and `writer` refuses Overwrite as Spark's Kafka sink does."""
 
     @classmethod
     def name(cls) -> str:
