@@ -67,12 +67,29 @@ def sink_cluster(options: WriteOptions) -> tuple[Cluster, ClientConfig]:
 
 
 def ensure_marker_topic(options: WriteOptions) -> None:
-    """Create the marker topic (one partition, compacted) unless it exists; once per process and topic."""
+    """Create the marker topic (one partition, compacted) unless it exists; once per process and topic.
+
+    It is looked up first and created only when missing: on a cluster with ACLs, Kafka answers CreateTopics
+    for an existing topic with TOPIC_AUTHORIZATION_FAILED unless the principal may create topics, and a sink
+    whose operator created the topic beforehand must not need that right.
+    """
+    topic = options.marker_topic
 
     def make() -> bool:
+        admin = _admin(options)
         try:
-            _admin(options).create_topic(options.marker_topic, 1, -1, {"cleanup.policy": "compact"})
+            admin.describe_topic(topic)
+            return True
         except KafkaError as exc:
+            if exc.code != ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                raise
+        try:
+            admin.create_topic(topic, 1, -1, {"cleanup.policy": "compact"})
+        except KafkaError as exc:
+            if exc.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED:
+                raise KafkaError(
+                    f"the sink's marker topic {topic!r} does not exist and this principal may not create it: "
+                    "create it (1 partition, cleanup.policy=compact) or grant CREATE on it", exc.code) from None
             if exc.code != ErrorCode.TOPIC_ALREADY_EXISTS:
                 raise
         return True
