@@ -12,6 +12,9 @@ the sum of the micro-batches' `triggerExecution` (time inside Spark's batches):
   100-byte values, `--batch-offsets` rows per micro-batch, processingTime 0 s until `--records` rows are in),
   so the sinks are compared without a Python source in front of them.
 
+`--broker kafka` runs the same pipelines against Apache Kafka 4.4.0 (one KRaft node on loopback, started by
+tests/support/kafka.py) instead of oncelog's broker: the exactly-once sink into the Kafka clusters people run.
+
 Every sink's output is read back under read_committed and checked: records, distinct values (duplicates) and
 missing values. Spark's Kafka connector is loaded where Maven can resolve it (see
 tests/spark/kafka_connector/pom.xml); without it those rows say why they were not run.
@@ -53,6 +56,16 @@ def connector_jars(work: Path) -> tuple[list[str], str | None]:
     if proc.returncode != 0:
         return [], "mvn could not resolve spark-sql-kafka-0-10: " + (proc.stdout + proc.stderr)[-300:]
     return [j for j in out.read_text().strip().split(":") if j], None
+
+
+def start_broker(kind: str, tmp: Path) -> Any:
+    """oncelog's broker or one Apache Kafka node, as a context manager with `.bootstrap`."""
+    if kind == "oncelog":
+        return BrokerProcess(tmp / "data")
+    sys.path.insert(0, str(ROOT))
+    from tests.support.kafka import KafkaCluster
+
+    return KafkaCluster(tmp / "kafka")
 
 
 def fill(bootstrap: str, topic: str, records: int, partitions: int) -> None:
@@ -176,16 +189,18 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--batch-offsets", type=int, default=250_000, help="maxOffsetsPerTrigger")
     parser.add_argument("--runs", type=int, default=2, help="runs per pipeline (median reported)")
+    parser.add_argument("--broker", choices=("oncelog", "kafka"), default="oncelog",
+                        help="the broker under the pipelines: oncelog's, or Apache Kafka 4.4.0 (KRaft, one node)")
     parser.add_argument("--only", default="", help="comma-separated pipelines to run, e.g. 'rate->oncelog,rate->kafka'")
     args = parser.parse_args()
 
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    results: dict[str, Any] = {"records": args.records, "partitions": args.partitions,
+    results: dict[str, Any] = {"broker": args.broker, "records": args.records, "partitions": args.partitions,
                                "batch_offsets": args.batch_offsets, "value_bytes": VALUE_BYTES, "pipelines": {}}
     with tempfile.TemporaryDirectory(prefix="oncelog-spark-bench-") as tmp_dir:
         tmp = Path(tmp_dir)
         jars, no_kafka = connector_jars(tmp)
-        with BrokerProcess(tmp / "data") as broker:
+        with start_broker(args.broker, tmp) as broker:
             bootstrap = broker.bootstrap
             create_topic(bootstrap, "bench-in", args.partitions)
             t0 = time.perf_counter()
@@ -259,7 +274,7 @@ def main() -> int:
                 }
             spark.stop()
 
-    print(f"\nSpark pipelines, {args.records:,} records x {VALUE_BYTES} B, {args.partitions} partitions, local[2], "
+    print(f"\nSpark pipelines on {args.broker}, {args.records:,} records x {VALUE_BYTES} B, {args.partitions} partitions, local[2], "
           f"AvailableNow with maxOffsetsPerTrigger={args.batch_offsets:,}, median of {args.runs} runs")
     print(f"{'pipeline':<24}{'records/s':>12}{'in batches/s':>14}  output (read_committed)")
     for name, r in results["pipelines"].items():
