@@ -8,6 +8,14 @@ Spark calls the driver's `commit(messages, N)` only when every task of the batch
 EndTxn(COMMIT) for each. EndTxn names the exact (producer id, epoch): a transaction fenced since (by a retry
 of its task) can no longer be committed by mistake, and a repeated EndTxn of a finished commit answers NONE,
 so a `commit(N)` that Spark runs twice is harmless.
+
+EndTxn goes out at version 4 at most, never at the highest version the coordinator speaks: EndTxn v5 is
+transaction version 2 (KIP-890), and Kafka 4.x applies TV2's rules to it whatever the cluster's finalized
+`transaction.version` (the epoch is bumped when the transaction ends, a repeat is recognised by the epoch
+being one lower). The tasks open their transactions with TV1 requests (Produce v11, AddPartitionsToTxn v3),
+and a commit repeated at another version than the first answers PRODUCER_FENCED (v5, then v4) or
+INVALID_TXN_STATE (v4, then v5) instead of NONE. docs/transactions-v2.md has the rules and what adopting
+TV2 would change; tests/kafka/test_transactions_v2.py pins them against Apache Kafka.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from oncelog.spark.write_options import WriteOptions
 log = logging.getLogger("oncelog.spark.sink")
 
 COORDINATOR_TRANSACTION = 1
+# The transaction-version-1 EndTxn (see above): the same rules for the first EndTxn and every repeat of it.
+END_TXN_MAX_VERSION = 4
 # The coordinator is still writing the markers of this transactional id's previous step: ask again shortly.
 _BUSY = frozenset({ErrorCode.CONCURRENT_TRANSACTIONS})
 _BACKOFF = 0.05
@@ -46,9 +56,11 @@ async def _end_one(cluster: Cluster, request_timeout: float, txn: Prepared, comm
     delay = _BACKOFF
     while True:
         try:
+            timeout = max(0.1, min(request_timeout, deadline - time.monotonic()))
+            conn = await cluster.coordinator(txn.transactional_id, COORDINATOR_TRANSACTION, timeout=timeout)
+            version = conn.api_version(ApiKey.END_TXN, END_TXN_MAX_VERSION)
             resp = await cluster.coordinator_call(txn.transactional_id, COORDINATOR_TRANSACTION, ApiKey.END_TXN,
-                                                  data, timeout=max(0.1, min(request_timeout,
-                                                                             deadline - time.monotonic())))
+                                                  data, version=version, timeout=timeout)
             code = resp.error_code
             if code == ErrorCode.NONE:
                 return
