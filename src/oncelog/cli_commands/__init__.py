@@ -8,6 +8,7 @@ and exit status 1, never a traceback. SIGTERM stops a command exactly as Ctrl-C 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -27,6 +28,7 @@ def register(sub: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..client.errors import KafkaError
 
+    _keep_library_logs_off_stderr()
     try:
         with stop_on_signals():
             return args.handler(args)
@@ -40,6 +42,16 @@ def run(args: argparse.Namespace) -> int:
     except BrokenPipeError:  # `oncelog ... | head`: the reader left, nothing more to say
         return 0
     return 1
+
+
+def _keep_library_logs_off_stderr() -> None:
+    """The client's own log records must not reach stderr through Python's last-resort handler (which prints
+    WARNING and above when nothing is configured): the client logs a failed SASL authentication, for one, and the
+    same failure is then this command's error, so stderr would carry it twice. A command reports what went wrong
+    itself, in one line; a program that configured logging before calling `run` keeps every record."""
+    library = logging.getLogger("oncelog")
+    if not logging.getLogger().handlers and not library.handlers:
+        library.addHandler(logging.NullHandler())
 
 
 def _fail(message: str) -> None:

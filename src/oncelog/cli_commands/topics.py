@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import time
 from typing import Any
 
 from .common import CommandError, admin_client, key_values
@@ -126,6 +127,35 @@ def _delete(args: argparse.Namespace) -> int:
     return 0
 
 
+_APPLIED_POLL_S = 0.05
+# How long `topics alter` looks for its change in the broker's answers before printing them as they are: a broker
+# applies committed metadata within milliseconds; a value the broker normalised never matches, so do not wait long.
+_APPLIED_WAIT_MAX_S = 10.0
+
+
+def _applied(described: Any, partitions: int | None, configs: dict[str, str], deleted: list[str]) -> bool:
+    """Whether the description shows the change: the partition count, each override set, each one removed."""
+    entries = described.configs or {}
+    if partitions is not None and len(described.partitions) < partitions:
+        return False
+    for key, value in configs.items():
+        entry = entries.get(key)
+        if entry is None or entry.source != "DYNAMIC_TOPIC_CONFIG" or (entry.value != value and not entry.sensitive):
+            return False
+    return not any(key in entries and entries[key].source == "DYNAMIC_TOPIC_CONFIG" for key in deleted)
+
+
+def _until_applied(admin: Any, args: argparse.Namespace, configs: dict[str, str], described: Any) -> Any:
+    """The topic as it is once the change shows. Apache Kafka acknowledges CreatePartitions and
+    IncrementalAlterConfigs when its controller has committed them and the answering broker applies them to its
+    metadata a moment later, so a description read at once can still show the old state."""
+    deadline = time.monotonic() + min(args.timeout, _APPLIED_WAIT_MAX_S)
+    while not _applied(described, args.partitions, configs, args.delete_config) and time.monotonic() < deadline:
+        time.sleep(_APPLIED_POLL_S)
+        described = admin.describe_topic(args.topic, include_configs=True)
+    return described
+
+
 def _alter(args: argparse.Namespace) -> int:
     configs = key_values(args.config, "--config")
     if args.partitions is None and not configs and not args.delete_config:
@@ -137,6 +167,8 @@ def _alter(args: argparse.Namespace) -> int:
             admin.alter_topic_configs(args.topic, set=configs, delete=args.delete_config,
                                       validate_only=args.validate_only)
         described = admin.describe_topic(args.topic, include_configs=True)
+        if not args.validate_only:
+            described = _until_applied(admin, args, configs, described)
     overrides = {c.name: c.value for c in (described.configs or {}).values() if c.source == "DYNAMIC_TOPIC_CONFIG"}
     if args.json:
         print_json({"name": args.topic, "partitions": len(described.partitions), "overrides": overrides,

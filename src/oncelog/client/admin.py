@@ -316,6 +316,8 @@ class AsyncAdmin:
         resp = await self._retrying(lambda: self._any(ApiKey.CREATE_TOPICS, data))
         (result,) = resp.topics
         _check(result.error_code, result.error_message, f"topic {name!r}", name)
+        if not validate_only:
+            await self._until_in_metadata(name, result.num_partitions)
         return CreatedTopic(
             result.name, kafka_uuid(getattr(result, "topic_id", None)), result.num_partitions,
             result.replication_factor, {c.name: c.value for c in result.configs or ()},
@@ -367,6 +369,30 @@ class AsyncAdmin:
         resp = await self._retrying(lambda: self._any(ApiKey.CREATE_PARTITIONS, data))
         for result in resp.results:
             _check(result.error_code, result.error_message, f"topic {result.name!r}", result.name)
+        if not validate_only:
+            await self._until_in_metadata(topic, total)
+
+    async def _until_in_metadata(self, topic: str, partitions: int) -> None:
+        """Until the metadata shows `topic` with at least `partitions` partitions, each with a leader (at most the
+        API timeout; the change itself already succeeded). Apache Kafka acknowledges CreateTopics and
+        CreatePartitions once its controller has committed them, and a broker applies them to its metadata a
+        moment later: until then it answers for the topic with UNKNOWN_TOPIC_OR_PARTITION, which this client takes
+        as final, or with the old partition count. Waiting here lets a caller use what it created at once."""
+        deadline = time.monotonic() + self.api_timeout
+        backoff = self._backoff
+        while True:
+            try:
+                await self._cluster.refresh_metadata([topic], force=True)
+                known = self._cluster.partitions_for(topic) or []
+                leaders = [self._cluster.leader_for(topic, p) for p in known]
+                if known and len(known) >= partitions and all(x is not None and x >= 0 for x in leaders):
+                    return
+            except RetriableError:
+                pass
+            if time.monotonic() + backoff > deadline:
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self._backoff_max)
 
     # -- configs ----------------------------------------------------------------------------------------------------
     async def _describe_configs(self, conn_for: Callable[[], Awaitable[Any]], resource_type: int,
