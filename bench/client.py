@@ -37,9 +37,12 @@ def create(bootstrap: str, topic: str, partitions: int) -> None:
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(timeout=30)
 
 
-def run(make, bootstrap: str, topic: str, partitions: int, count: int) -> dict:
-    """Produce `count` records with the producer `make(conf)` returns; both clients share this loop."""
-    producer = make({"bootstrap.servers": bootstrap, **SETTINGS})
+def run(make, bootstrap: str | dict, topic: str, partitions: int, count: int) -> dict:
+    """Produce `count` records with the producer `make(conf)` returns; both clients share this loop.
+
+    `bootstrap` is the broker list, or a whole client config (bench/kafka_client.py passes security settings)."""
+    conf = {"bootstrap.servers": bootstrap} if isinstance(bootstrap, str) else dict(bootstrap)
+    producer = make({**conf, **SETTINGS})
     errors = [0]
 
     def delivered(err, msg) -> None:

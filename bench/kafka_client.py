@@ -28,43 +28,24 @@ from confluent_kafka.admin import AdminClient, NewTopic
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 from tests.support.kafka import KafkaCluster  # noqa: E402
 
+import client as client_bench  # noqa: E402  (bench/client.py: the produce loop both benchmarks share)
 from oncelog.client import Consumer, Producer, TopicPartition  # noqa: E402
 
-RECORD = 1024
-PRODUCE = {"acks": "all", "enable.idempotence": True, "linger.ms": 5, "batch.size": 1_000_000,
-           "queue.buffering.max.kbytes": 1_048_576, "queue.buffering.max.messages": 1_000_000}
+RECORD = client_bench.RECORD
 LISTENERS = ("PLAINTEXT", "SSL", "SASL_SSL")
 CLIENTS = ("confluent-kafka", "oncelog")
 
 
 def produce(client: str, conf: dict, topic: str, partitions: int, count: int) -> float:
-    producer = (CKProducer if client == "confluent-kafka" else Producer)({**conf, **PRODUCE})
-    errors = [0]
-
-    def delivered(err, msg) -> None:
-        if err is not None:
-            errors[0] += 1
-
-    value = b"x" * RECORD
-    started = time.perf_counter()
-    for i in range(count):
-        while True:
-            try:
-                producer.produce(topic, value, partition=i % partitions, on_delivery=delivered)
-                break
-            except BufferError:
-                producer.poll(0.005)
-        if i % 1000 == 0:
-            producer.poll(0)
-    left = producer.flush(300)
-    elapsed = time.perf_counter() - started
-    if hasattr(producer, "close"):
-        producer.close()
-    if errors[0] or left:
-        raise RuntimeError(f"{client}: {errors[0]} delivery errors, {left} undelivered")
-    return count * RECORD / elapsed / 1e6
+    """bench/client.py's produce loop (the same settings, a callback per record, flush at the end)."""
+    make = CKProducer if client == "confluent-kafka" else Producer
+    result = client_bench.run(make, conf, topic, partitions, count)
+    if result["errors"] or result["undelivered"]:
+        raise RuntimeError(f"{client}: {result['errors']} delivery errors, {result['undelivered']} undelivered")
+    return result["mb_per_s"]
 
 
 def consume(client: str, conf: dict, topic: str, partitions: int, count: int) -> float:
@@ -131,7 +112,7 @@ def main() -> int:
     out_dir = ROOT / "bench" / "results"
     out_dir.mkdir(exist_ok=True)
     out = out_dir / f"kafka_client-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"args": vars(args), "record_bytes": RECORD, "runs": results, "median": median},
+    out.write_text(json.dumps({"args": vars(args), "record_bytes": RECORD, "settings": client_bench.SETTINGS, "runs": results, "median": median},
                               indent=2))
     print(f"results: {out}")
     return 0
