@@ -68,7 +68,10 @@ fuzz: setup
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache
 
-# The exactly-once PySpark pipeline end to end (src/oncelog/spark/demo.py): about 1-2 minutes.
+# The exactly-once PySpark pipeline end to end (src/oncelog/spark/demo.py): about 1-2 minutes. With
+# BOOTSTRAP=host:port it runs against an existing Kafka cluster; COMMAND_CONFIG="k=v ... | client.properties"
+# gives its security settings.
 .PHONY: demo
 demo: setup
-	PYSPARK_PYTHON=$(abspath $(PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(PY)) $(PY) -m oncelog.spark.demo
+	PYSPARK_PYTHON=$(abspath $(PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(PY)) $(PY) -m oncelog.spark.demo \
+		$(if $(BOOTSTRAP),--bootstrap $(BOOTSTRAP)) $(foreach c,$(COMMAND_CONFIG),-X $(c))

@@ -170,9 +170,11 @@ def admin(bootstrap: str, **conf: Any) -> AdminClient:
     return AdminClient({"bootstrap.servers": bootstrap, **conf})
 
 
-def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None) -> None:
+def create_topic(bootstrap: str, name: str, partitions: int = 1, config: dict[str, str] | None = None,
+                 replication_factor: int = 1) -> None:
     client = admin(bootstrap)  # must outlive its futures
-    futures = client.create_topics([NewTopic(name, partitions, 1, config=config or {})], operation_timeout=10)
+    futures = client.create_topics([NewTopic(name, partitions, replication_factor, config=config or {})],
+                                   operation_timeout=10)
     futures[name].result(timeout=15)
 
 

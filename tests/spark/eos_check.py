@@ -27,14 +27,15 @@ class Verdict(NamedTuple):
         return not self.duplicates and not self.missing and not self.unexpected
 
 
-def write_input(bootstrap: str, topic: str, count: int, partitions: int = 2, pad: int = 0) -> list[tuple[bytes, bytes]]:
-    """`count` records (key k<i>, value v<i>|, then `pad` bytes) spread over the topic's partitions, record i in
-    partition i % partitions; returns the (key, value) pairs.
+def write_input(bootstrap: str, topic: str, count: int, partitions: int = 2, pad: int = 0,
+                replication_factor: int = 1) -> list[tuple[bytes, bytes]]:
+    """`count` records (key k<i>, value v<i>|, then `pad` bytes) spread over the topic's partitions (created
+    here), record i in partition i % partitions; returns the (key, value) pairs.
 
     Padding matters to fault tests: Spark moves rows between the JVM and Python workers through 64 KiB
     buffers, so a fault after a few small rows strikes before the sink has seen any of them.
     """
-    create_topic(bootstrap, topic, partitions=partitions)
+    create_topic(bootstrap, topic, partitions=partitions, replication_factor=replication_factor)
     filler = b"x" * pad
     outs = [Out(i % partitions, f"k{i}".encode(), f"v{i}|".encode() + filler) for i in range(count)]
     ck_produce(bootstrap, topic, outs)
@@ -68,8 +69,13 @@ def assert_exactly_once(bootstrap: str, topic: str, partitions: int, expected: S
 
 def nothing_pending(bootstrap: str, topic: str, partitions: int) -> bool:
     """Whether every partition's last stable offset equals its high watermark (no transaction left open)."""
-    return all(_latest(bootstrap, topic, p, committed=True) == _latest(bootstrap, topic, p, committed=False)
-               for p in range(partitions))
+    return not pending_partitions(bootstrap, topic, partitions)
+
+
+def pending_partitions(bootstrap: str, topic: str, partitions: int) -> list[int]:
+    """The partitions whose last stable offset is below the high watermark (an open transaction holds records)."""
+    return [p for p in range(partitions)
+            if _latest(bootstrap, topic, p, committed=True) != _latest(bootstrap, topic, p, committed=False)]
 
 
 def _latest(bootstrap: str, topic: str, partition: int, *, committed: bool) -> int:

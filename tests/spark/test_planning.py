@@ -42,6 +42,34 @@ def test_option_names_are_case_insensitive_and_kafka_prefix_is_optional():
     assert o.client_config() == {"request.timeout.ms": "5000", "bootstrap.servers": "h:1"}
 
 
+def test_security_settings_reach_every_client_under_any_spelling():
+    """Spark lower-cases option names; security settings in the Java client's or librdkafka's spelling (an
+    alias such as sasl.mechanisms) reach the consumer, the admin clients and the sink's producer. Filtering the
+    names as given dropped the aliases: the read failed asking for GSSAPI, the write refused the option."""
+    from oncelog.spark.options import admin_settings
+    from oncelog.spark.write_options import parse_write_options
+
+    given = {"kafka.Security.Protocol": "SASL_SSL", "kafka.SASL.Mechanisms": "SCRAM-SHA-512",
+             "kafka.sasl.user": "alice", "kafka.sasl.password": "secret", "kafka.ssl.truststore.type": "PEM",
+             "kafka.ssl.truststore.location": "/ca.pem"}
+    lowered = {k.lower(): v for k, v in given.items()}  # what Spark hands a data source
+    wanted = {"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": "alice",
+              "sasl.password": "secret", "ssl.truststore.type": "PEM", "ssl.truststore.location": "/ca.pem",
+              "bootstrap.servers": "h:1"}
+    for options in (given, lowered):
+        read = parse_read_options({"bootstrap.servers": "h:1", "subscribe": "t", "kafka.max.poll.records": "7",
+                                   **options}, streaming=False)
+        assert admin_settings(read.client, read.bootstrap_servers, "consumer") == wanted
+        write = parse_write_options({"bootstrap.servers": "h:1", "topic": "t", "kafka.linger.ms": "7", **options})
+        assert write.admin_config() == wanted
+        producer = write.producer_config("txn")
+        assert producer["sasl.mechanisms"] == "SCRAM-SHA-512" and producer["linger.ms"] == "7"
+    with pytest.raises(OptionError, match="kafka.acks"):  # reserved under an alias too
+        parse_write_options({"bootstrap.servers": "h:1", "kafka.request.required.acks": "1"})
+    with pytest.raises(OptionError, match="'group.id' is for a consumer"):
+        parse_write_options({"bootstrap.servers": "h:1", "kafka.group.id": "g"})
+
+
 def test_subscribe_pattern():
     o = parse_read_options({**BOOT, "subscribePattern": "events-.*"}, streaming=True)
     assert (o.topics, o.assigned, o.pattern) == (None, None, "events-.*")

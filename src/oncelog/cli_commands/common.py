@@ -38,7 +38,18 @@ def connection_options() -> argparse.ArgumentParser:
 
 def client_config(args: argparse.Namespace, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     conf: dict[str, Any] = {"bootstrap.servers": args.bootstrap_server, "client.id": "oncelog-cli"}
-    for item in args.command_config:
+    conf.update(command_config(args.command_config))
+    conf.update(extra or {})
+    if "request.timeout.ms" not in conf:  # so that --timeout also bounds reaching a broker at all
+        conf["request.timeout.ms"] = max(1, min(30000, int(args.timeout * 1000)))
+    return conf
+
+
+def command_config(items: list[str]) -> dict[str, str]:
+    """The settings of repeated --command-config / -X arguments, in order (a later one wins): each KEY=VALUE, or
+    the path of a client.properties file. Also what `python -m oncelog.spark.demo` takes."""
+    conf: dict[str, str] = {}
+    for item in items:
         key, sep, value = item.partition("=")
         if not sep and os.path.isfile(item):
             conf.update(_properties_file(item))
@@ -46,9 +57,6 @@ def client_config(args: argparse.Namespace, extra: dict[str, Any] | None = None)
         if not sep or not key:
             raise CommandError(f"--command-config expects KEY=VALUE or a properties file, got {item!r}")
         conf[key.strip()] = value
-    conf.update(extra or {})
-    if "request.timeout.ms" not in conf:  # so that --timeout also bounds reaching a broker at all
-        conf["request.timeout.ms"] = max(1, min(30000, int(args.timeout * 1000)))
     return conf
 
 

@@ -2,7 +2,12 @@
 
     events ──(stage 1: parse JSON, keep purchases, re-key by user)──▶ by-user ──(stage 2: format)──▶ purchases
 
-1. An embedded oncelog broker starts on a free loopback port, with data in a temporary directory.
+1. An embedded oncelog broker starts on a free loopback port, with data in a temporary directory; or, with
+   `--bootstrap HOST:PORT`, the demo uses a Kafka cluster that is already running (Apache Kafka or oncelog),
+   with the security settings of `--command-config` / `-X` (KEY=VALUE or a client.properties file, as the
+   `oncelog` CLI takes them), given to its own clients and, `kafka.`-prefixed, to Spark's. There it creates its
+   three topics under names unique to the run, with the cluster's default replication factor, deletes them
+   when the verdict is exactly once (unless `--keep`), and never stops or restarts a broker.
 2. A generator thread writes shop events (JSON, keyed by session) to `events` for a fixed time.
 3. Two Structured Streaming queries run in one SparkSession (`local[2]`), both reading with the `oncelog`
    source (read_committed) and writing with the exactly-once `oncelog` sink. `by-user` is a repartition
@@ -24,10 +29,13 @@ import shutil
 import sys
 import tempfile
 import time
+import uuid
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from oncelog.client.admin import Admin
+from oncelog.client.config import ROLES, ClientConfig
 from oncelog.embedded import BrokerProcess
 from oncelog.spark.demo_data import Generator, expected_output, judge, read_committed
 
@@ -65,24 +73,66 @@ def spark_session(work: Path) -> Any:
     return spark
 
 
-def start_stages(spark: Any, bootstrap: str, work: Path) -> tuple[Any, Any]:
+class Topics(NamedTuple):
+    events: str
+    by_user: str
+    purchases: str
+
+    @classmethod
+    def for_run(cls, unique: bool) -> Topics:
+        """The fixed names on the demo's own broker; names of this run only on a cluster others use too."""
+        if not unique:
+            return cls(EVENTS, BY_USER, PURCHASES)
+        run = f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+        return cls(*(f"oncelog-demo-{run}-{name}" for name in (EVENTS, BY_USER, PURCHASES)))
+
+
+def for_role(settings: Mapping[str, str], role: str) -> dict[str, str]:
+    """The settings a `role` client takes: one that only another role takes (linger.ms for the consumer) is left
+    out; security settings go to every client; a setting no client knows is kept, so the client names it."""
+
+    def takes(some_role: str, key: str, value: str) -> bool:
+        try:
+            ClientConfig({"bootstrap.servers": "localhost:9092", key: value}, some_role)
+        except ValueError:
+            return False
+        return True
+
+    return {k: v for k, v in settings.items()
+            if takes(role, k, v) or not any(takes(other, k, v) for other in ROLES if other != role)}
+
+
+def spark_options(settings: Mapping[str, str], role: str) -> dict[str, str]:
+    """Client settings as Spark options: `kafka.`-prefixed, as Spark's own Kafka source and sink take them."""
+    return {f"kafka.{k}": v for k, v in for_role(settings, role).items()}
+
+
+def start_stages(spark: Any, bootstrap: str, work: Path, topics: Topics | None = None,
+                 settings: Mapping[str, str] | None = None) -> tuple[Any, Any]:
+    topics = topics or Topics.for_run(unique=False)
+    source_options = spark_options(settings or {}, "consumer")
+    sink_options = spark_options(settings or {}, "producer")
+
     def read(topic: str) -> Any:
-        return (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bootstrap)
-                .option("subscribe", topic).option("startingOffsets", "earliest").load())
+        reader = (spark.readStream.format("oncelog").option("kafka.bootstrap.servers", bootstrap)
+                  .option("subscribe", topic).option("startingOffsets", "earliest"))
+        return reader.options(**source_options).load()
 
     def write(df: Any, topic: str, name: str) -> Any:
         return (df.writeStream.format("oncelog").option("kafka.bootstrap.servers", bootstrap)
                 .option("topic", topic).option("checkpointLocation", str(work / "checkpoints" / name))
-                .trigger(processingTime="1 second").queryName(name).start())
+                .options(**sink_options).trigger(processingTime="1 second").queryName(name).start())
 
-    events = read(EVENTS).selectExpr(f"from_json(CAST(value AS STRING), '{EVENT_SCHEMA}') AS e").select("e.*")
+    events = read(topics.events).selectExpr(
+        f"from_json(CAST(value AS STRING), '{EVENT_SCHEMA}') AS e").select("e.*")
     purchases = events.where("action = 'purchase'").selectExpr(
         "user AS key", "to_json(named_struct('id', id, 'user', user, 'cents', cents)) AS value")
-    stage1 = write(purchases, BY_USER, "stage1-rekey")
-    by_user = read(BY_USER).selectExpr(f"from_json(CAST(value AS STRING), '{EVENT_SCHEMA}') AS e").select("e.*")
+    stage1 = write(purchases, topics.by_user, "stage1-rekey")
+    by_user = read(topics.by_user).selectExpr(
+        f"from_json(CAST(value AS STRING), '{EVENT_SCHEMA}') AS e").select("e.*")
     formatted = by_user.selectExpr("user AS key", "concat_ws(':', user, CAST(id AS STRING), CAST(cents AS STRING))"
                                    " AS value")
-    stage2 = write(formatted, PURCHASES, "stage2-format")
+    stage2 = write(formatted, topics.purchases, "stage2-format")
     return stage1, stage2
 
 
@@ -101,24 +151,38 @@ def rows_in(query: Any) -> int:
     return sum(p.get("numInputRows", 0) for p in query.recentProgress)
 
 
-def run(seconds: float, rate: int, keep: bool) -> int:
+def run(seconds: float, rate: int, keep: bool, bootstrap: str | None = None,
+        settings: Mapping[str, str] | None = None) -> int:
+    """The demo on its own broker, or (`bootstrap`) on a running cluster with client `settings`."""
     work = Path(tempfile.mkdtemp(prefix="oncelog-demo-"))
-    broker = BrokerProcess(work / "broker-data", {"num.partitions": 2})
+    settings = dict(settings or {})
+    broker = BrokerProcess(work / "broker-data", {"num.partitions": 2}) if bootstrap is None else None
+    topics = Topics.for_run(unique=broker is None)
+    admin_settings, consumer_settings = for_role(settings, "admin"), for_role(settings, "consumer")
     started = time.monotonic()
 
     def say(text: str) -> None:
         print(f"[{time.monotonic() - started:5.1f}s] {text}", flush=True)
 
+    admin = None
+    verdict = None
     try:
-        broker.start()
-        say(f"broker listening on {broker.bootstrap} (data in {work})")
-        admin = Admin({"bootstrap.servers": broker.bootstrap})
-        for topic in (EVENTS, BY_USER, PURCHASES):
-            admin.create_topic(topic, 2)
+        if broker is not None:
+            broker.start()
+            bootstrap = broker.bootstrap
+            say(f"broker listening on {bootstrap} (data in {work})")
+        else:
+            say(f"using the cluster at {bootstrap} (security.protocol "
+                f"{settings.get('security.protocol', 'PLAINTEXT')}); topics {', '.join(topics)}")
+        assert bootstrap is not None
+        admin = Admin({**admin_settings, "bootstrap.servers": bootstrap})
+        for topic in topics:
+            admin.create_topic(topic, 2)  # replication factor -1: the cluster's default
         say("starting Spark (local[2])")
         spark = spark_session(work)
-        stage1, stage2 = start_stages(spark, broker.bootstrap, work)
-        say("stage 1 (parse, keep purchases, re-key by user -> by-user) and stage 2 (format -> purchases) started")
+        stage1, stage2 = start_stages(spark, bootstrap, work, topics, settings)
+        say(f"stage 1 (parse, keep purchases, re-key by user -> {topics.by_user}) and stage 2 (format -> "
+            f"{topics.purchases}) started")
         waiting = time.monotonic()
         while stage1.lastProgress is None or stage2.lastProgress is None:  # first (empty) batches: workers up
             for query in (stage1, stage2):
@@ -128,7 +192,7 @@ def run(seconds: float, rate: int, keep: bool) -> int:
                 waiting = time.monotonic()
                 say("waiting for the first (empty) micro-batches: Spark starts its Python workers")
             time.sleep(0.2)
-        generator = Generator(broker.bootstrap, EVENTS, rate, seconds)
+        generator = Generator(bootstrap, topics.events, rate, seconds, for_role(settings, "producer"))
         generator.start()
         say(f"both stages ready; generating events for {seconds:.0f} s at ~{rate}/s")
         purged: dict[tuple[str, int], int] = {}
@@ -154,11 +218,11 @@ def run(seconds: float, rate: int, keep: bool) -> int:
                     f"{sum(purged.values()):,}")
             if not generator.is_alive():
                 ends = {(tp.topic, tp.partition): o.offset for tp, o in admin.list_offsets(
-                    {(t, p): "latest" for t in (EVENTS, BY_USER) for p in range(2)},
+                    {(t, p): "latest" for t in (topics.events, topics.by_user) for p in range(2)},
                     isolation="read_committed").items()}
                 done1 = consumed(stage1)
-                caught_up = all(done1.get((EVENTS, p), 0) >= ends[(EVENTS, p)] for p in range(2)) and all(
-                    done2.get((BY_USER, p), 0) >= ends[(BY_USER, p)] for p in range(2))
+                caught_up = all(done1.get((topics.events, p), 0) >= ends[(topics.events, p)] for p in range(2)) \
+                    and all(done2.get((topics.by_user, p), 0) >= ends[(topics.by_user, p)] for p in range(2))
                 if caught_up:
                     caught_up_since = caught_up_since or now
                     if now - caught_up_since > 3.0:  # and stayed so: nothing more is on its way
@@ -171,14 +235,14 @@ def run(seconds: float, rate: int, keep: bool) -> int:
         stage1.stop()
         stage2.stop()
         spark.stop()
-        admin.close()
         say("both stages caught up and stopped; verifying the output with read_committed")
         expected = expected_output(generator.produced)
-        verdict = judge(read_committed(broker.bootstrap, PURCHASES), expected)
+        verdict = judge(read_committed(bootstrap, topics.purchases, settings=admin_settings,
+                                       consumer_settings=consumer_settings), expected)
         print()
         print(f"  events generated      {generator.produced:>9,}")
         print(f"  purchases expected    {verdict.expected:>9,}")
-        print(f"  purchases read        {verdict.read:>9,}   (topic {PURCHASES!r}, read_committed)")
+        print(f"  purchases read        {verdict.read:>9,}   (topic {topics.purchases!r}, read_committed)")
         print(f"  duplicates            {verdict.duplicates:>9,}")
         print(f"  losses                {verdict.losses:>9,}")
         print(f"  unexpected records    {verdict.unexpected:>9,}")
@@ -188,7 +252,14 @@ def run(seconds: float, rate: int, keep: bool) -> int:
         print("EXACTLY ONCE: yes" if verdict.exactly_once else "EXACTLY ONCE: NO")
         return 0 if verdict.exactly_once else 1
     finally:
-        if broker.alive():
+        if admin is not None:
+            if broker is None and not keep and verdict is not None and verdict.exactly_once:
+                try:  # the run's topics on a shared cluster; kept for a look when the verdict is not yes
+                    admin.delete_topics(list(topics))
+                except Exception as exc:  # the verdict stands; say what is left behind
+                    print(f"could not delete the topics {', '.join(topics)}: {exc}", flush=True)
+            admin.close()
+        if broker is not None and broker.alive():  # only ever the broker the demo started itself
             broker.stop()
         if not keep:
             shutil.rmtree(work, ignore_errors=True)
@@ -198,9 +269,24 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=30.0, help="how long the generator writes (default 30)")
     parser.add_argument("--rate", type=int, default=2000, help="events per second (default 2000)")
-    parser.add_argument("--keep", action="store_true", help="keep the temporary directory (broker data, logs)")
+    parser.add_argument("--keep", action="store_true",
+                        help="keep the temporary directory (broker data, logs) and, with --bootstrap, the topics")
+    parser.add_argument("--bootstrap", metavar="HOST:PORT",
+                        help="use this running cluster (Apache Kafka or oncelog) instead of starting a broker")
+    parser.add_argument("--command-config", "-X", action="append", default=[], metavar="KEY=VALUE|FILE",
+                        help="a client setting (Kafka's names: security.protocol, sasl.*, ssl.* ...) or a "
+                             "client.properties file, as the oncelog CLI takes it; repeatable; for the demo's "
+                             "clients and, kafka.-prefixed, for Spark's source and sink")
     args = parser.parse_args(argv)
-    return run(args.seconds, args.rate, args.keep)
+    if args.command_config and not args.bootstrap:
+        parser.error("--command-config goes with --bootstrap (the demo's own broker is plaintext)")
+    from oncelog.cli_commands.common import CommandError, command_config
+
+    try:
+        settings = command_config(args.command_config)
+    except CommandError as exc:
+        parser.error(str(exc))
+    return run(args.seconds, args.rate, args.keep, args.bootstrap, settings)
 
 
 if __name__ == "__main__":

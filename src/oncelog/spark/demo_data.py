@@ -10,8 +10,8 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Sequence
-from typing import NamedTuple
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from oncelog.client import Consumer, Producer
 from oncelog.client.admin import Admin
@@ -40,17 +40,20 @@ def expected_output(count: int) -> list[bytes]:
 
 
 class Generator(threading.Thread):
-    """Writes events at about `rate` per second for `seconds`, with an idempotent producer (acks=all)."""
+    """Writes events at about `rate` per second for `seconds`, with an idempotent producer (acks=all).
+    `settings`: more producer settings (security.protocol, sasl.*, ssl.* ...)."""
 
-    def __init__(self, bootstrap: str, topic: str, rate: int, seconds: float) -> None:
+    def __init__(self, bootstrap: str, topic: str, rate: int, seconds: float,
+                 settings: Mapping[str, Any] | None = None) -> None:
         super().__init__(name="demo-generator", daemon=True)
         self.bootstrap, self.topic, self.rate, self.seconds = bootstrap, topic, rate, seconds
+        self.settings = dict(settings or {})
         self.produced = 0
         self.error: BaseException | None = None
 
     def run(self) -> None:
         try:
-            producer = Producer({"bootstrap.servers": self.bootstrap, "linger.ms": 20})
+            producer = Producer({"linger.ms": 20, **self.settings, "bootstrap.servers": self.bootstrap})
             start = time.monotonic()
             tick = 0.05
             while (elapsed := time.monotonic() - start) < self.seconds:
@@ -88,16 +91,20 @@ def judge(got: Iterable[bytes], expected: Sequence[bytes]) -> Verdict:
                    losses=len(want - set(counts)), unexpected=len(set(counts) - want))
 
 
-def read_committed(bootstrap: str, topic: str, timeout: float = 60.0) -> list[bytes]:
-    """Every value in `topic` up to its last stable offset, read with read_committed."""
-    admin = Admin({"bootstrap.servers": bootstrap})
+def read_committed(bootstrap: str, topic: str, timeout: float = 60.0,
+                   settings: Mapping[str, Any] | None = None,
+                   consumer_settings: Mapping[str, Any] | None = None) -> list[bytes]:
+    """Every value in `topic` up to its last stable offset, read with read_committed. `settings`: more admin
+    client settings, `consumer_settings` more consumer settings (default: `settings`)."""
+    admin = Admin({**(settings or {}), "bootstrap.servers": bootstrap})
     try:
         parts = admin.topic_partitions(topic)
         ends = {(tp.topic, tp.partition): o.offset for tp, o in admin.list_offsets(
             {(tp.topic, tp.partition): "latest" for tp in parts}, isolation="read_committed").items()}
     finally:
         admin.close()
-    consumer = Consumer({"bootstrap.servers": bootstrap, "isolation.level": "read_committed",
+    extra = consumer_settings if consumer_settings is not None else settings
+    consumer = Consumer({**(extra or {}), "bootstrap.servers": bootstrap, "isolation.level": "read_committed",
                          "enable.auto.commit": "false"})
     values: list[bytes] = []
     try:

@@ -22,7 +22,7 @@ from operator import itemgetter
 import pyarrow as pa
 
 from oncelog.client.cluster import Cluster
-from oncelog.client.config import ClientConfig, keys_for_role
+from oncelog.client.config import ClientConfig
 from oncelog.client.consumer.decode import decode_fetch
 from oncelog.client.errors import KafkaError, RequestTimedOut, RetriableError, error_for
 from oncelog.client.runtime import cached, get_runtime
@@ -35,7 +35,6 @@ from oncelog.spark.offsets import DataLoss, OffsetRange
 from oncelog.spark.options import ReadOptions
 from oncelog.spark.schema import to_record_batch
 
-_CONSUMER_KEYS = frozenset(keys_for_role("consumer"))
 # A task reads a planned range as fast as it can: larger responses than a consumer's default (1 MiB) mean
 # fewer round trips and larger Arrow batches; a user's kafka.max.partition.fetch.bytes still wins.
 DEFAULT_PARTITION_BYTES = 8 << 20
@@ -45,7 +44,7 @@ _offset_of = itemgetter(0)
 def cluster_for(options: ReadOptions) -> tuple[Cluster, ClientConfig]:
     """The worker process's metadata and connections for these options, bootstrapped once and kept for the
     next tasks and micro-batches the reused worker runs (a reconnect per task would cost more than a chunk)."""
-    conf = {k: v for k, v in options.client_config().items() if k in _CONSUMER_KEYS}
+    conf = options.client_config()  # validated as consumer settings (by name or alias) when parsed
     conf.setdefault("max.partition.fetch.bytes", str(DEFAULT_PARTITION_BYTES))
     key = ("oncelog.spark.fetch-cluster", tuple(sorted(conf.items())))
 

@@ -21,7 +21,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from oncelog.client.config import ClientConfig
 
@@ -58,6 +58,15 @@ _ISOLATION_LEVELS = ("read_committed", "read_uncommitted")
 
 class OptionError(ValueError):
     """An option is missing, malformed or not allowed for this kind of query; the message says which."""
+
+
+def admin_settings(client: Mapping[str, Any], bootstrap: str, role: str) -> dict[str, Any]:
+    """The part of `client` (settings validated for a `role` client) that an admin client takes, plus the
+    bootstrap servers: names resolved the client's way (`sasl.mechanisms` is `sasl.mechanism`, ...) and the
+    other role's settings left out. Filtering the names as given would silently drop an alias."""
+    derived = ClientConfig({**client, "bootstrap.servers": bootstrap}, role).derive("admin")
+    settings = {k: v for k, v in derived.explicit().items() if k != "bootstrap.servers"}
+    return {**settings, "bootstrap.servers": bootstrap}
 
 
 @dataclass(frozen=True)

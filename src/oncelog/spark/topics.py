@@ -12,17 +12,15 @@ import re
 from collections.abc import Iterable
 
 from oncelog.client.admin import Admin
-from oncelog.client.config import ClientConfig, keys_for_role
+from oncelog.client.config import ClientConfig
 from oncelog.client.runtime import cached
 from oncelog.spark.offsets import TP, Offsets
-from oncelog.spark.options import LATEST, ByTimestamp, OffsetSpec, OptionError, ReadOptions
-
-_ADMIN_KEYS = frozenset(keys_for_role("admin"))
+from oncelog.spark.options import LATEST, ByTimestamp, OffsetSpec, OptionError, ReadOptions, admin_settings
 
 
 def admin_for(options: ReadOptions) -> Admin:
     """The process's admin client for these options' cluster and client settings."""
-    conf = {k: v for k, v in options.client_config().items() if k in _ADMIN_KEYS}
+    conf = admin_settings(options.client, options.bootstrap_servers, "consumer")
     key = ("oncelog.spark.admin", tuple(sorted(conf.items())))
     return cached(key, lambda: Admin(ClientConfig(conf, "admin")))
 

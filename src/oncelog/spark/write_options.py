@@ -12,14 +12,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from oncelog.client.config import keys_for_role
-from oncelog.spark.options import OptionError
+from oncelog.client.config import ClientConfig
+from oncelog.spark.options import OptionError, admin_settings
 
 DEFAULT_MARKER_TOPIC = "oncelog-sink-markers"
 DEFAULT_TRANSACTION_TIMEOUT_MS = 60000
 
-_PRODUCER_KEYS = frozenset(keys_for_role("producer"))
 _RESERVED = {
     "transactional.id": "the sink derives one transactional id per (sink.id, Spark partition)",
     "enable.idempotence": "exactly-once writes need the idempotent producer",
@@ -49,9 +49,8 @@ class WriteOptions:
         return {**self.client, "bootstrap.servers": self.bootstrap_servers, "transactional.id": transactional_id,
                 "transaction.timeout.ms": str(self.transaction_timeout_ms)}
 
-    def admin_config(self) -> dict[str, str]:
-        shared = set(keys_for_role("admin"))
-        return {**{k: v for k, v in self.client.items() if k in shared}, "bootstrap.servers": self.bootstrap_servers}
+    def admin_config(self) -> dict[str, Any]:
+        return admin_settings(self.client, self.bootstrap_servers, "producer")
 
 
 def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
@@ -92,9 +91,14 @@ def parse_write_options(options: Mapping[str, str]) -> WriteOptions:
             continue
         if name in _RESERVED:
             raise OptionError(f"option '{key}' is not supported: {_RESERVED[name]}")
-        if name not in _PRODUCER_KEYS:
-            raise OptionError(f"option '{key}': '{name}' is not a producer setting")
         client[name] = value
+    try:  # a misspelt or consumer-only setting fails here, named; aliases (sasl.mechanisms, ...) are fine
+        given = ClientConfig({**client, "bootstrap.servers": bootstrap}, "producer")
+    except ValueError as exc:
+        raise OptionError(f"a kafka.* option is not a valid producer setting: {exc}") from None
+    for name, why in _RESERVED.items():
+        if name in given:  # given under another name (request.required.acks is acks)
+            raise OptionError(f"option 'kafka.{name}' (given by another name) is not supported: {why}")
     return WriteOptions(
         bootstrap_servers=bootstrap,
         topic=topic.strip() if topic is not None else None,
