@@ -162,6 +162,10 @@ def test_progress_bars(bootstrap, topic_name):
     assert proc.stdout.splitlines() == [f"line-{i}" for i in range(2000)]
 
 
+def _sigint_default() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Background:
     """`python -m oncelog ARGS --bootstrap-server B` running in the background; stdout and stderr are collected
     as they come (progress bars end no line), stdin is a pipe the test writes to."""
@@ -169,8 +173,11 @@ class Background:
     def __init__(self, bootstrap: str, *args: str) -> None:
         env = dict(os.environ)
         env.pop("ONCELOG_BOOTSTRAP", None)
+        # As from a terminal: SIGINT is not ignored. A runner that starts the tests in the background without job
+        # control (CI) hands its children SIGINT ignored, and the CLI rightly keeps an inherited ignore (nohup).
         self.proc = subprocess.Popen([sys.executable, "-m", "oncelog", *args, "--bootstrap-server", bootstrap],
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                                     preexec_fn=_sigint_default)
         self.out, self.err = bytearray(), bytearray()
         self._readers = [threading.Thread(target=self._collect, args=(stream, into), daemon=True)
                          for stream, into in ((self.proc.stdout, self.out), (self.proc.stderr, self.err))]
