@@ -67,6 +67,11 @@ class Partitioner:
         self._sticky: dict[str, int] = {}
         self._random = rng or random.Random()
 
+    @property
+    def hashes_keys(self) -> bool:
+        """Whether a keyed record's partition comes from its key (else keyed records are sticky too)."""
+        return self._kind != "random"
+
     def partition(self, topic: str, key: bytes | None, partitions: Sequence[int]) -> int:
         """The partition of one record; `partitions` is the topic's partition ids (not empty)."""
         if key is not None and self._kind != "random":

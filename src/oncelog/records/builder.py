@@ -114,6 +114,62 @@ def encode_record(offset_delta: int, timestamp_delta: int, key: Buffer | None, v
     return varint(len(body)) + body
 
 
+_RUN_TABLE_SIZE = 1 << 15
+_run_table: list[bytes] = []  # zigzag varints of 0 .. _RUN_TABLE_SIZE - 1, made on first use
+
+
+def _varints() -> list[bytes]:
+    global _run_table
+    if not _run_table:
+        _run_table = [zigzag_varint(n) for n in range(_RUN_TABLE_SIZE)]
+    return _run_table
+
+
+def encode_records(first_delta: int, timestamp_delta: int, keys: Sequence[Buffer | None] | None,
+                   values: Sequence[Buffer | None]) -> bytes:
+    """A run of records without headers sharing one timestamp delta, offset deltas from `first_delta` on:
+    byte for byte the concatenation of `encode_record` for each (key, value).
+
+    `keys` None means every key is null. The records' fixed parts (attributes, timestamp delta, header count)
+    are encoded once, and lengths and offset deltas come from a table, so a record costs one join; records
+    with a null key or value, or lengths beyond the table, go through `encode_record`.
+    """
+    n = len(values)
+    if n == 0:
+        return b""
+    if keys is not None and len(keys) != n:
+        raise ValueError(f"{len(keys)} keys for {n} values")
+    table = _varints()
+    fast = first_delta + n <= _RUN_TABLE_SIZE and None not in values and max(map(len, values)) < _RUN_TABLE_SIZE
+    if fast and keys is not None:
+        fast = None not in keys and max(map(len, keys)) < _RUN_TABLE_SIZE
+    if not fast:
+        ks = keys if keys is not None else [None] * n
+        return b"".join([encode_record(first_delta + i, timestamp_delta, k, v, ())
+                         for i, k, v in zip(range(n), ks, values, strict=True)])
+    # Record bodies shorter than the table have a table varint as length prefix; longer ones the general one.
+    head = _ATTRIBUTES + zigzag_varint(timestamp_delta)
+    tail = _NO_HEADERS
+    join = b"".join
+    parts: list[bytes] = []
+    add = parts.append
+    deltas = table[first_delta:first_delta + n]
+    if keys is None:
+        nul = _NULL
+        for delta, value in zip(deltas, values, strict=True):
+            body = join((head, delta, nul, table[len(value)], value, tail))
+            size = len(body)
+            add(table[size] if size < _RUN_TABLE_SIZE else zigzag_varint(size))
+            add(body)
+    else:
+        for delta, key, value in zip(deltas, keys, values, strict=True):
+            body = join((head, delta, table[len(key)], key, table[len(value)], value, tail))
+            size = len(body)
+            add(table[size] if size < _RUN_TABLE_SIZE else zigzag_varint(size))
+            add(body)
+    return join(parts)
+
+
 class BatchBuilder:
     """Accumulates encoded records; `build` writes the header, compresses and computes the CRC.
 
@@ -159,6 +215,24 @@ class BatchBuilder:
         if timestamp_ms > self._max_timestamp or index == 0:
             self._max_timestamp = timestamp_ms
         self._count = index + 1
+        return index
+
+    def append_many(self, keys: Sequence[Buffer | None] | None, values: Sequence[Buffer | None],
+                    timestamp_ms: int) -> int:
+        """Encode records (key, value) without headers, all with `timestamp_ms`: the same bytes as `append`
+        called for each in turn. `keys` None: every key is null. Returns the offset delta of the first."""
+        index = self._count
+        n = len(values)
+        if n == 0:
+            return index
+        if index + n > _INT32_MAX:
+            raise ValueError("a batch holds at most 2^31-1 records")
+        base = timestamp_ms if index == 0 else self._base_timestamp
+        self._records += encode_records(index, timestamp_ms - base, keys, values)
+        self._base_timestamp = base
+        if timestamp_ms > self._max_timestamp or index == 0:
+            self._max_timestamp = timestamp_ms
+        self._count = index + n
         return index
 
     def build(self, *, base_offset: int = 0, producer_id: int = NO_PRODUCER_ID,

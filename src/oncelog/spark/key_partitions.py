@@ -45,6 +45,12 @@ def _murmur2_rows(rows: np.ndarray, length: int) -> np.ndarray:
 
 def partitions_for_keys(keys: pa.Array, num_partitions: int) -> list[int] | None:
     """The partition of every key (binary, no nulls), or None when a key is null (the producer decides)."""
+    out = key_partition_array(keys, num_partitions)
+    return None if out is None else out.tolist()
+
+
+def key_partition_array(keys: pa.Array, num_partitions: int) -> np.ndarray | None:
+    """`partitions_for_keys` as an int64 array."""
     if keys.null_count:
         return None
     if isinstance(keys, pa.ChunkedArray):
@@ -53,7 +59,7 @@ def partitions_for_keys(keys: pa.Array, num_partitions: int) -> list[int] | None
         keys = keys.cast(pa.binary())
     n = len(keys)
     if n == 0:
-        return []
+        return np.zeros(0, dtype=np.int64)
     _, offsets_buf, data_buf = keys.buffers()
     offsets = np.frombuffer(offsets_buf, dtype=np.int32)[keys.offset: keys.offset + n + 1]
     data = np.frombuffer(data_buf, dtype=np.uint8) if data_buf is not None else np.zeros(0, np.uint8)
@@ -69,4 +75,4 @@ def partitions_for_keys(keys: pa.Array, num_partitions: int) -> list[int] | None
             rows = np.zeros((len(idx), 0), dtype=np.uint8)
         hashed = _murmur2_rows(rows, length)
         out[idx] = (hashed & np.uint32(0x7FFFFFFF)).astype(np.int64) % num_partitions
-    return out.tolist()
+    return out

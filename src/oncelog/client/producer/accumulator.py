@@ -9,6 +9,7 @@ only when someone will ask for them: a delivery callback, or an awaiting caller.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 from collections import deque
@@ -80,6 +81,18 @@ class ProducerBatch:
             self.records.append((key, value, headers, timestamp, callback))
         return index
 
+    def append_many(self, keys: list[Any] | None, values: list[Any], timestamp: int, callback: Any,
+                    size: int) -> None:
+        """Records (key, value) without headers, one timestamp; `size` is their estimated size (see append)."""
+        assert self.builder is not None, "a sealed batch takes no more records"
+        self.builder.append_many(keys, values, timestamp)
+        self.count += len(values)
+        self.size += size
+        if self.records is not None:
+            self.records.extend((k, v, None, timestamp, callback)
+                                for k, v in zip(keys if keys is not None else [None] * len(values), values,
+                                                strict=True))
+
     def seal(self, producer_id: int, producer_epoch: int, base_sequence: int) -> None:
         """Fix the identity and build the bytes; a retry sends these same bytes."""
         assert self.builder is not None and self.buf is None
@@ -142,6 +155,52 @@ class RecordAccumulator:
             self._close(batch)  # full now: keyless records move on before the next one arrives
             wake = True
         return batch, index, wake
+
+    def append_many(self, topic: str, partition: int, keys: list[Any] | None, values: list[Any], start: int,
+                    stop: int, sizes: list[int], timestamp: int, callback: Any, keep_records: bool,
+                    sticky: bool = False) -> tuple[int, bool]:
+        """Add records [start, stop) of `keys`/`values` (no headers) to the partition: as many as its open
+        batch takes, in a new batch when it takes none, exactly where `append` of each would put them.
+
+        `sizes[i]` is the estimated size of records [0, i) (`_RECORD_OVERHEAD` + key and value lengths each).
+        `sticky`: the partition is the partitioner's sticky choice. Closing an open batch that cannot take the
+        first record moves that choice on, so then only the first record goes here, as with `append`.
+        Returns (the index after the last record added, whether the sender should be woken); caller holds `lock`.
+        """
+        tp = (topic, partition)
+        queue = self._queues.get(tp)
+        if queue is None:
+            queue = self._queues[tp] = deque()
+        wake = False
+        batch = queue[-1] if queue else None
+        limit = self._batch_size
+        first = sizes[start]
+        if batch is not None and not batch.closed and batch.size + sizes[start + 1] - first <= limit:
+            end = bisect.bisect_right(sizes, limit - batch.size + first, start + 1, stop + 1) - 1
+            end = min(end, start + self._batch_records - batch.count)
+        else:  # as in append: the open batch cannot take the first record, a new one takes at least it
+            replaced = batch is not None and not batch.closed
+            if batch is not None:
+                self._close(batch)
+            wake = True
+            batch = ProducerBatch(topic, partition, self._compression, self.transactional, keep_records,
+                                  time.monotonic() + self._delivery_timeout)
+            queue.append(batch)
+            if sticky and replaced:
+                end = start + 1
+            else:
+                end = bisect.bisect_right(sizes, limit - batch.size + first, start + 1, stop + 1) - 1
+                end = max(start + 1, min(end, start + self._batch_records))
+        if start == 0 and end == len(values):
+            batch.append_many(keys, values, timestamp, callback, sizes[end] - first)
+        else:
+            batch.append_many(keys[start:end] if keys is not None else None, values[start:end], timestamp,
+                              callback, sizes[end] - first)
+        self.queued_records += end - start
+        if batch.count >= self._batch_records or batch.size >= limit:
+            self._close(batch)
+            wake = True
+        return end, wake
 
     def partitions(self) -> list[tuple[str, int]]:
         """Partitions with queued batches (caller holds `lock`)."""

@@ -10,6 +10,7 @@ callback cannot stall delivery.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import threading
 import time
@@ -26,7 +27,7 @@ from ..errors import KafkaError, KafkaTimeoutError, RecordError
 from ..partitioner import Partitioner
 from ..runtime import get_runtime
 from ..types import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, TopicPartition
-from .accumulator import ProducerBatch, RecordAccumulator
+from .accumulator import _RECORD_OVERHEAD, ProducerBatch, RecordAccumulator
 from .idempotence import Idempotence
 from .sender import Sender
 from .transactions import TransactionManager
@@ -110,6 +111,14 @@ def _headers(headers: Any) -> list[tuple[str, bytes | None]] | None:
         return None
     items = headers.items() if isinstance(headers, Mapping) else headers
     return [(str(k), _as_bytes(v, "a header value")) for k, v in items]
+
+
+def _all_bytes(items: list[Any]) -> bool:
+    """Every item is bytes or None (one pass in C)."""
+    return set(map(type, items)) <= _BYTES_OR_NONE
+
+
+_BYTES_OR_NONE = {bytes, type(None)}
 
 
 class _Core:
@@ -243,6 +252,68 @@ class _Core:
         if wake:
             self.wake_from_any_thread()
 
+    def append_many(self, topic: str, parts: list[int], values: list[Any], keys: list[Any] | None,
+                    partition: int | None, timestamp: int | None, callback: Any) -> int:
+        """Put records without headers into their batches, a batch at a time; returns how many were queued
+        (fewer than given when the local queue filled up). The records and their batches are exactly those
+        `append` of each in turn would make."""
+        n = len(values)
+        if keys is not None and len(keys) != n:
+            raise ValueError(f"{len(keys)} keys for {n} values")
+        if n == 0:
+            return 0
+        if not _all_bytes(values):
+            values = [None if v is None else _as_bytes(v, "value") for v in values]
+        if keys is not None:
+            if not _all_bytes(keys):
+                keys = [None if k is None else _as_bytes(k, "key") for k in keys]
+            nulls = keys.count(None)
+            if nulls == n:
+                keys = None
+            elif (partition is None or partition < 0) and self.partitioner.hashes_keys:
+                return self._append_each(topic, parts, values, keys, timestamp, callback)  # a partition per key
+        if partition is not None and partition >= 0 and not partition < len(parts):
+            raise KafkaError(f"{topic!r} has no partition {partition}", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        if not timestamp:
+            timestamp = time.time_ns() // 1_000_000
+        if callback is None:
+            callback = self.default_callback
+        sizes = [0]
+        sizes += itertools.accumulate(map(_RECORD_OVERHEAD.__add__, map(len, (v or b"" for v in values)
+                                                                       if None in values else values)))
+        if keys is not None:
+            key_sizes = itertools.accumulate(map(len, (k or b"" for k in keys) if None in keys else keys))
+            sizes[1:] = map(int.__add__, sizes[1:], key_sizes)
+        sticky = partition is None or partition < 0
+        target = -1 if sticky else partition
+        done = 0
+        wake = False
+        acc = self.acc
+        while done < n:
+            with acc.lock:
+                room = self.max_queued - self.outstanding
+                if room <= 0:
+                    break
+                if sticky:
+                    target = self.partitioner.partition(topic, None, parts)  # one partition per batch
+                end, woke = acc.append_many(topic, target, keys, values, done, min(n, done + room), sizes,
+                                            timestamp, callback, callback is not None, sticky)
+                self.outstanding += end - done
+            wake = wake or woke
+            done = end
+        if wake:
+            self.wake_from_any_thread()
+        return done
+
+    def _append_each(self, topic: str, parts: list[int], values: list[Any], keys: list[Any], timestamp: int | None,
+                     callback: Any) -> int:
+        for i, (value, key) in enumerate(zip(values, keys, strict=True)):
+            try:
+                self.append(topic, parts, value, key, None, None, timestamp, callback)
+            except BufferError:
+                return i
+        return len(values)
+
     # -- completions (on the loop) ------------------------------------------------------------------------
     def _complete(self, batch: ProducerBatch, base_offset: int, log_append_time: int, error: KafkaError | None,
                   record_errors: dict[int, RecordError] | None) -> None:
@@ -364,6 +435,27 @@ class Producer:
         if parts is None or (partition is not None and partition >= len(parts)):  # unknown, or maybe added since
             parts = self._runtime.run(core.partitions_async(topic))
         core.append(topic, parts, value, key, partition, headers, timestamp, on_delivery or callback)
+
+    def produce_batch(self, topic: str, values: list[Any], keys: list[Any] | None = None,
+                      partition: int | None = None, timestamp: int | None = None,
+                      on_delivery: Callable | None = None) -> int:
+        """Queue many records without headers, in order; returns how many were queued.
+
+        The records and batches are exactly those `produce(topic, value, key, partition, on_delivery,
+        timestamp)` for each in turn would make, for a fraction of the per-record cost: one lock and one
+        batch lookup per batch filled, not per record. With `partition` None, keyless records stick to a
+        partition per batch (as produce() does) and keyed ones are hashed one by one. When
+        queue.buffering.max.messages records are waiting, it queues what fits and returns that count (where
+        produce() raises BufferError): call `poll()` and give the rest again. `on_delivery` (or the default
+        callback) is called per record. `timestamp` None: the time of this call, for every record.
+        """
+        core = self._core
+        if core.txn is not None or core.closed or core.sender.fatal is not None:
+            core.check_produce()
+        parts = core._partitions.get(topic)
+        if parts is None or (partition is not None and partition >= len(parts)):  # unknown, or maybe added since
+            parts = self._runtime.run(core.partitions_async(topic))
+        return core.append_many(topic, parts, values, keys, partition, timestamp, on_delivery)
 
     def poll(self, timeout: float | None = None) -> int:
         """Serve delivery callbacks; waits up to `timeout` seconds (None: forever) for at least one."""
