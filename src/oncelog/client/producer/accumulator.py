@@ -127,6 +127,12 @@ class RecordAccumulator:
         self.flushing = 0  # > 0 while someone waits for everything to go out: linger is ignored
         self.queued_records = 0
 
+    def _queue(self, topic: str, partition: int) -> deque:
+        queue = self._queues.get((topic, partition))
+        if queue is None:
+            queue = self._queues[(topic, partition)] = deque()
+        return queue
+
     def append(self, topic: str, partition: int, key: Any, value: Any, headers: list[Header] | None,
                timestamp: int, callback: Any, keep_records: bool) -> tuple[ProducerBatch, int, bool]:
         """Add one record; returns (its batch, its index there, whether the sender should be woken).
@@ -134,10 +140,7 @@ class RecordAccumulator:
         The caller holds `lock`. The sender only needs waking when a batch becomes sendable without waiting
         for linger (a full batch) or when a new batch starts a linger clock it does not know about yet.
         """
-        tp = (topic, partition)
-        queue = self._queues.get(tp)
-        if queue is None:
-            queue = self._queues[tp] = deque()
+        queue = self._queue(topic, partition)
         wake = False
         batch = queue[-1] if queue else None
         if batch is None or batch.closed or \
@@ -167,10 +170,7 @@ class RecordAccumulator:
         first record moves that choice on, so then only the first record goes here, as with `append`.
         Returns (the index after the last record added, whether the sender should be woken); caller holds `lock`.
         """
-        tp = (topic, partition)
-        queue = self._queues.get(tp)
-        if queue is None:
-            queue = self._queues[tp] = deque()
+        queue = self._queue(topic, partition)
         wake = False
         batch = queue[-1] if queue else None
         limit = self._batch_size

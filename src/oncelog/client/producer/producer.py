@@ -424,16 +424,21 @@ class Producer:
         self._runtime.run(self._core.start_async())
 
     # -- producing ------------------------------------------------------------------------------------------
-    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
-                on_delivery: Callable | None = None, timestamp: int | None = None, headers: Any = None,
-                callback: Callable | None = None) -> None:
-        """Queue one record; raises BufferError when queue.buffering.max.messages records are waiting."""
+    def _ready(self, topic: str, partition: int | None) -> tuple[_Core, list[int]]:
+        """The checks before queueing (state, transaction) and the topic's partitions, refreshed when unknown."""
         core = self._core
         if core.txn is not None or core.closed or core.sender.fatal is not None:
             core.check_produce()
         parts = core._partitions.get(topic)
         if parts is None or (partition is not None and partition >= len(parts)):  # unknown, or maybe added since
             parts = self._runtime.run(core.partitions_async(topic))
+        return core, parts
+
+    def produce(self, topic: str, value: Any = None, key: Any = None, partition: int | None = None,
+                on_delivery: Callable | None = None, timestamp: int | None = None, headers: Any = None,
+                callback: Callable | None = None) -> None:
+        """Queue one record; raises BufferError when queue.buffering.max.messages records are waiting."""
+        core, parts = self._ready(topic, partition)
         core.append(topic, parts, value, key, partition, headers, timestamp, on_delivery or callback)
 
     def produce_batch(self, topic: str, values: list[Any], keys: list[Any] | None = None,
@@ -449,12 +454,7 @@ class Producer:
         produce() raises BufferError): call `poll()` and give the rest again. `on_delivery` (or the default
         callback) is called per record. `timestamp` None: the time of this call, for every record.
         """
-        core = self._core
-        if core.txn is not None or core.closed or core.sender.fatal is not None:
-            core.check_produce()
-        parts = core._partitions.get(topic)
-        if parts is None or (partition is not None and partition >= len(parts)):  # unknown, or maybe added since
-            parts = self._runtime.run(core.partitions_async(topic))
+        core, parts = self._ready(topic, partition)
         return core.append_many(topic, parts, values, keys, partition, timestamp, on_delivery)
 
     def poll(self, timeout: float | None = None) -> int:
