@@ -21,8 +21,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from oncelog.protocol import client_codecs as codecs
+from oncelog.protocol.primitives import ProtocolError
 
-from .errors import AuthenticationError
+from .errors import AuthenticationError, NetworkError
 from .security import SaslCredentials
 
 __all__ = ["authenticate", "reauthentication_delay", "SASL_HANDSHAKE", "SASL_AUTHENTICATE"]
@@ -126,7 +127,7 @@ async def authenticate(creds: SaslCredentials, api_versions: dict[int, tuple[int
                                   f"this client needs v{_HANDSHAKE_VERSION}")
     body = codecs.encode_request(SASL_HANDSHAKE, _HANDSHAKE_VERSION, {"mechanism": creds.mechanism})
     frame = await send(SASL_HANDSHAKE, _HANDSHAKE_VERSION, body)
-    response = codecs.decode_response(SASL_HANDSHAKE, _HANDSHAKE_VERSION, frame)
+    response = _decode(SASL_HANDSHAKE, _HANDSHAKE_VERSION, frame, address)
     if response.error_code == 33:
         enabled = ", ".join(response.mechanisms) or "none"
         raise AuthenticationError(
@@ -145,7 +146,7 @@ async def authenticate(creds: SaslCredentials, api_versions: dict[int, tuple[int
     while token is not None:
         body = codecs.encode_request(SASL_AUTHENTICATE, version, {"auth_bytes": token})
         frame = await send(SASL_AUTHENTICATE, version, body)
-        response = codecs.decode_response(SASL_AUTHENTICATE, version, frame)
+        response = _decode(SASL_AUTHENTICATE, version, frame, address)
         if response.error_code:
             detail = response.error_message or ""
             extra = getattr(mechanism, "error_details", None)
@@ -157,6 +158,14 @@ async def authenticate(creds: SaslCredentials, api_versions: dict[int, tuple[int
         lifetime = getattr(response, "session_lifetime_ms", 0) or 0
         token = mechanism.next(bytes(response.auth_bytes or b""))
     return lifetime
+
+
+def _decode(api_key: int, version: int, frame: Any, address: str) -> Any:
+    """A garbled SASL answer is a broken stream (the connection is closed), not a crash of the caller."""
+    try:
+        return codecs.decode_response(api_key, version, frame)
+    except ProtocolError as exc:
+        raise NetworkError(f"undecodable SASL response from {address}: {exc}") from None
 
 
 def _who(creds: SaslCredentials) -> str:

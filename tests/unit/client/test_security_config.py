@@ -94,3 +94,21 @@ def test_oauth_cb_must_be_callable():
 def test_reauthentication_happens_before_the_session_ends():
     assert reauthentication_delay(10_000, 0.0) == pytest.approx(8.5)
     assert reauthentication_delay(10_000, 0.999) < 9.5
+
+
+def test_a_garbled_sasl_answer_is_a_network_error_not_a_crash():
+    """The SASL exchange decodes the broker's bytes itself: a broken stream must close the connection the way a
+    garbled answer to any other request does (NetworkError), not escape as a decoder exception."""
+    import asyncio
+
+    from oncelog.client.errors import NetworkError
+    from oncelog.client.sasl import SASL_AUTHENTICATE, SASL_HANDSHAKE, authenticate
+    from oncelog.client.security import SaslCredentials
+
+    async def garbage(api_key: int, version: int, body: bytes) -> memoryview:
+        return memoryview(b"\x00")
+
+    creds = SaslCredentials("PLAIN", username="u", password="p")
+    versions = {SASL_HANDSHAKE: (0, 1), SASL_AUTHENTICATE: (0, 2)}
+    with pytest.raises(NetworkError, match="undecodable SASL response"):
+        asyncio.run(authenticate(creds, versions, "h:1", garbage))

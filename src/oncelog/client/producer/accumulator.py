@@ -133,6 +133,16 @@ class RecordAccumulator:
             queue = self._queues[(topic, partition)] = deque()
         return queue
 
+    def _replace(self, queue: deque, batch: ProducerBatch | None, topic: str, partition: int,
+                 keep_records: bool) -> ProducerBatch:
+        """Close the open batch (if any) and start the partition's next one."""
+        if batch is not None:
+            self._close(batch)
+        batch = ProducerBatch(topic, partition, self._compression, self.transactional, keep_records,
+                              time.monotonic() + self._delivery_timeout)
+        queue.append(batch)
+        return batch
+
     def append(self, topic: str, partition: int, key: Any, value: Any, headers: list[Header] | None,
                timestamp: int, callback: Any, keep_records: bool) -> tuple[ProducerBatch, int, bool]:
         """Add one record; returns (its batch, its index there, whether the sender should be woken).
@@ -146,12 +156,8 @@ class RecordAccumulator:
         if batch is None or batch.closed or \
                 batch.size + (len(value) if value is not None else 0) + (len(key) if key is not None else 0) + \
                 _RECORD_OVERHEAD > self._batch_size:
-            if batch is not None:
-                self._close(batch)
+            batch = self._replace(queue, batch, topic, partition, keep_records)
             wake = True
-            batch = ProducerBatch(topic, partition, self._compression, self.transactional, keep_records,
-                                  time.monotonic() + self._delivery_timeout)
-            queue.append(batch)
         index = batch.append(key, value, headers, timestamp, callback)
         self.queued_records += 1
         if batch.count >= self._batch_records or batch.size >= self._batch_size:
@@ -180,12 +186,8 @@ class RecordAccumulator:
             end = min(end, start + self._batch_records - batch.count)
         else:  # as in append: the open batch cannot take the first record, a new one takes at least it
             replaced = batch is not None and not batch.closed
-            if batch is not None:
-                self._close(batch)
+            batch = self._replace(queue, batch, topic, partition, keep_records)
             wake = True
-            batch = ProducerBatch(topic, partition, self._compression, self.transactional, keep_records,
-                                  time.monotonic() + self._delivery_timeout)
-            queue.append(batch)
             if sticky and replaced:
                 end = start + 1
             else:
