@@ -16,10 +16,13 @@ import os
 import struct
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+from .wire import FileRegion, close_pieces
 
 if TYPE_CHECKING:
-    from .server import Broker
+    from ..config import BrokerConfig
+    from .context import RequestDispatcher
 
 log = logging.getLogger("oncelog.connection")
 
@@ -29,30 +32,21 @@ _SMALL_SEND = 64 * 1024
 _CLOSE = object()  # a place in the response queue where the connection ends
 
 
-class FileRegion:
-    """Part of a segment file to send with sendfile; owns its (dup'd) descriptor."""
+class ConnectionHost(Protocol):
+    """What a connection needs from the broker that accepted it (`server.Broker` is one)."""
 
-    __slots__ = ("fd", "position", "size")
+    @property
+    def config(self) -> BrokerConfig: ...
+    @property
+    def dispatcher(self) -> RequestDispatcher: ...
 
-    def __init__(self, fd: int, position: int, size: int) -> None:
-        self.fd = fd
-        self.position = position
-        self.size = size
+    def register_connection(self, conn: Connection) -> bool: ...
 
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def close_pieces(pieces: list[Any]) -> None:
-    for piece in pieces:
-        if isinstance(piece, FileRegion):
-            piece.close()
+    def unregister_connection(self, conn: Connection) -> None: ...
 
 
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: ConnectionHost) -> None:
         self.broker = broker
         self.transport: asyncio.Transport | None = None
         self.peer = "?"

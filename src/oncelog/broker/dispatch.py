@@ -14,40 +14,25 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..protocol.apis import SPECS, ApiKey, request_header_flexible, response_header_flexible
 from ..protocol.fetch_codec import pieces_size
 from ..protocol.header import decode_request_header, encode_response_header, peek_api
 from ..protocol.primitives import ProtocolError
-from .connection import close_pieces
+from .context import Handler, RequestContext
+from .wire import close_pieces
 
 if TYPE_CHECKING:
-    from .connection import Connection
-    from .server import Broker
+    from .context import BrokerServices, ClientConnection
 
 log = logging.getLogger("oncelog.dispatch")
 
 _SIZE = struct.Struct(">i")
 
 
-@dataclass
-class RequestContext:
-    api_key: int
-    api_version: int
-    correlation_id: int
-    client_id: str | None
-    connection: Connection
-    seq: int = 0  # position of the request on its connection
-
-
-Handler = Callable[["Broker", RequestContext, memoryview], Awaitable[Any]]
-
-
 class Dispatcher:
-    def __init__(self, broker: Broker, handlers: dict[int, Handler]) -> None:
+    def __init__(self, broker: BrokerServices, handlers: dict[int, Handler]) -> None:
         self.broker = broker
         self.handlers = handlers
 
@@ -55,7 +40,7 @@ class Dispatcher:
         """(api key, min, max) for every API with a real handler: what ApiVersions advertises."""
         return [(k, SPECS[k].min_version, SPECS[k].max_version) for k in sorted(self.handlers)]
 
-    def dispatch(self, conn: Connection, frame: bytearray, fut: asyncio.Future, seq: int) -> None:
+    def dispatch(self, conn: ClientConnection, frame: bytearray, fut: asyncio.Future, seq: int) -> None:
         try:
             api_key, api_version, correlation_id = peek_api(frame)
         except ProtocolError:
@@ -83,7 +68,7 @@ class Dispatcher:
         asyncio.get_running_loop().create_task(self._run(conn, frame, fut, api_key, api_version, seq))
 
     async def _run(
-        self, conn: Connection, frame: bytearray, fut: asyncio.Future, api_key: int, api_version: int, seq: int
+        self, conn: ClientConnection, frame: bytearray, fut: asyncio.Future, api_key: int, api_version: int, seq: int
     ) -> None:
         if conn.closed or (conn.close_at is not None and seq > conn.close_at):
             # An earlier request on this connection ended it: this one is not processed at all.

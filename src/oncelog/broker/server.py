@@ -33,6 +33,10 @@ def now_ms() -> int:
 
 
 class Broker:
+    """One broker. Everything below it names it through Protocols it satisfies structurally:
+    `context.BrokerServices` (handlers), `connection.ConnectionHost` (connections) and
+    `coordinator.host.TransactionHost` / `GroupHost` (the coordinators); keep their members here."""
+
     def __init__(
         self,
         config: BrokerConfig,

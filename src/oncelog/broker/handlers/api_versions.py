@@ -8,11 +8,10 @@ from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 
-async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     # v3+ carries the client's software name: remembered, because recovering a timed-out transaction
     # needs the answer each client treats as abortable (see handlers/produce.py).
     req = decode_request(ApiKey.API_VERSIONS, ctx.api_version, body)

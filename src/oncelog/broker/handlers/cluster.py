@@ -11,11 +11,10 @@ from ...protocol.messages import decode_request, encode_response
 from .common import UNKNOWN_AUTHORIZED_OPERATIONS
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 
-async def handle_describe_cluster(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_describe_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_CLUSTER, ctx.api_version, body)
     host, port = broker.advertised
     data = {
@@ -31,7 +30,7 @@ async def handle_describe_cluster(broker: Broker, ctx: RequestContext, body: mem
     return encode_response(ApiKey.DESCRIBE_CLUSTER, ctx.api_version, data)
 
 
-async def handle_describe_log_dirs(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_describe_log_dirs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_LOG_DIRS, ctx.api_version, body)
     wanted = None
     if req.topics is not None:

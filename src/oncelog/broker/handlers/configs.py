@@ -14,8 +14,7 @@ from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
 SOURCE_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
@@ -23,7 +22,7 @@ OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
 
 
 def describe_topic_entries(
-    broker: Broker, config: TopicConfig, keys: list[str] | None, synonyms: bool, docs: bool
+    broker: BrokerServices, config: TopicConfig, keys: list[str] | None, synonyms: bool, docs: bool
 ) -> list[dict[str, Any]]:
     entries = []
     for name, key in TOPIC_KEYS.items():
@@ -54,7 +53,7 @@ def describe_topic_entries(
     return entries
 
 
-def _describe_broker(broker: Broker, keys: list[str] | None, docs: bool) -> list[dict[str, Any]]:
+def _describe_broker(broker: BrokerServices, keys: list[str] | None, docs: bool) -> list[dict[str, Any]]:
     entries = []
     for name, key in BROKER_KEYS.items():
         if keys is not None and name not in keys:
@@ -68,7 +67,7 @@ def _describe_broker(broker: Broker, keys: list[str] | None, docs: bool) -> list
     return entries
 
 
-async def handle_describe_configs(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_describe_configs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_CONFIGS, ctx.api_version, body)
     docs = bool(getattr(req, "include_documentation", False))
     results = []
@@ -130,7 +129,7 @@ def _apply(current: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
         raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from None
 
 
-async def handle_incremental_alter_configs(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.INCREMENTAL_ALTER_CONFIGS, ctx.api_version, body)
     responses = []
     for res in req.resources:

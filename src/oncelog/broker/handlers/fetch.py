@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.fetch_codec import FetchPartitionResponse, decode_fetch_request, encode_fetch_response
-from ..connection import FileRegion, close_pieces
+from ..wire import FileRegion, close_pieces
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 READ_COMMITTED = 1
 
@@ -34,7 +33,7 @@ def _as_piece(result: Any) -> Any:
     return FileRegion(result.fd, result.position, result.length)
 
 
-def _read_all(broker: Broker, req: Any, conn: Any) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
+def _read_all(broker: BrokerServices, req: Any, conn: Any) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
     budget = min(req.max_bytes if req.max_bytes > 0 else broker.config["fetch.max.bytes"], broker.config["fetch.max.bytes"])
     total = 0
     has_error = False
@@ -113,7 +112,7 @@ def _release(topics: list[tuple[str, list[FetchPartitionResponse]]]) -> None:
     close_pieces([p.records for _, parts in topics for p in parts])
 
 
-async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
+async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> Any:
     req = decode_fetch_request(body, ctx.api_version)
     if ctx.api_version >= 7 and (req.session_id != 0 or req.session_epoch > 0):
         return encode_fetch_response(ctx.api_version, 0, int(ErrorCode.FETCH_SESSION_ID_NOT_FOUND), 0, [])

@@ -13,8 +13,7 @@ from .common import UNKNOWN_AUTHORIZED_OPERATIONS
 
 if TYPE_CHECKING:
     from ...coordinator.group import GroupCoordinator
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
@@ -23,7 +22,7 @@ KEY_TYPE_TRANSACTION = 1
 GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})
 
 
-def coordinator_of(broker: Broker) -> GroupCoordinator | None:
+def coordinator_of(broker: BrokerServices) -> GroupCoordinator | None:
     return getattr(broker, "group_coordinator", None)
 
 
@@ -33,7 +32,7 @@ def client_host(ctx: RequestContext) -> str:
 
 
 # -- FindCoordinator ------------------------------------------------------------------------------------------
-def _find(broker: Broker, key: str, key_type: int) -> tuple[ErrorCode, str | None]:
+def _find(broker: BrokerServices, key: str, key_type: int) -> tuple[ErrorCode, str | None]:
     if key_type == KEY_TYPE_GROUP:
         if coordinator_of(broker) is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE, "The group coordinator is not running"
@@ -45,7 +44,7 @@ def _find(broker: Broker, key: str, key_type: int) -> tuple[ErrorCode, str | Non
     return ErrorCode.INVALID_REQUEST, f"Unknown coordinator key type {key_type}"
 
 
-async def handle_find_coordinator(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_find_coordinator(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.FIND_COORDINATOR, ctx.api_version, body)
     version = ctx.api_version
     key_type = req.key_type if version >= 1 else KEY_TYPE_GROUP
@@ -67,7 +66,7 @@ async def handle_find_coordinator(broker: Broker, ctx: RequestContext, body: mem
 
 
 # -- JoinGroup / SyncGroup / Heartbeat / LeaveGroup -------------------------------------------------------------
-async def handle_join_group(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_join_group(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.JOIN_GROUP, ctx.api_version, body)
     version = ctx.api_version
     groups = coordinator_of(broker)
@@ -98,7 +97,7 @@ async def handle_join_group(broker: Broker, ctx: RequestContext, body: memoryvie
     return encode_response(ApiKey.JOIN_GROUP, version, data)
 
 
-async def handle_sync_group(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_sync_group(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.SYNC_GROUP, ctx.api_version, body)
     version = ctx.api_version
     groups = coordinator_of(broker)
@@ -115,7 +114,7 @@ async def handle_sync_group(broker: Broker, ctx: RequestContext, body: memoryvie
     return encode_response(ApiKey.SYNC_GROUP, version, data)
 
 
-async def handle_heartbeat(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_heartbeat(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.HEARTBEAT, ctx.api_version, body)
     groups = coordinator_of(broker)
     error = ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -125,7 +124,7 @@ async def handle_heartbeat(broker: Broker, ctx: RequestContext, body: memoryview
     return encode_response(ApiKey.HEARTBEAT, ctx.api_version, {"throttle_time_ms": 0, "error_code": error})
 
 
-async def handle_leave_group(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_leave_group(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.LEAVE_GROUP, ctx.api_version, body)
     version = ctx.api_version
     if version >= 3:
@@ -147,7 +146,7 @@ async def handle_leave_group(broker: Broker, ctx: RequestContext, body: memoryvi
 
 
 # -- DescribeGroups / ListGroups / DeleteGroups -------------------------------------------------------------
-async def handle_describe_groups(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_describe_groups(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_GROUPS, ctx.api_version, body)
     groups = coordinator_of(broker)
     wants_ops = ctx.api_version >= 3 and req.include_authorized_operations
@@ -164,7 +163,7 @@ async def handle_describe_groups(broker: Broker, ctx: RequestContext, body: memo
     return encode_response(ApiKey.DESCRIBE_GROUPS, ctx.api_version, {"throttle_time_ms": 0, "groups": described})
 
 
-async def handle_list_groups(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_list_groups(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.LIST_GROUPS, ctx.api_version, body)
     groups = coordinator_of(broker)
     if groups is None:
@@ -176,7 +175,7 @@ async def handle_list_groups(broker: Broker, ctx: RequestContext, body: memoryvi
     return encode_response(ApiKey.LIST_GROUPS, ctx.api_version, data)
 
 
-async def handle_delete_groups(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_delete_groups(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DELETE_GROUPS, ctx.api_version, body)
     groups = coordinator_of(broker)
     names = list(dict.fromkeys(req.groups_names))

@@ -9,13 +9,12 @@ from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
 
-def lookup(broker: Broker, topic: str, partition: int, timestamp: int, isolation: int,
+def lookup(broker: BrokerServices, topic: str, partition: int, timestamp: int, isolation: int,
            from_client: bool = True) -> dict[str, Any]:
     """One partition's answer. For a client (replica id -1) an offset found from record data (by timestamp, max
     timestamp) counts only below the end that client may read, Kafka's lastFetchableOffset: the last stable
@@ -46,7 +45,7 @@ def lookup(broker: Broker, topic: str, partition: int, timestamp: int, isolation
     return out
 
 
-async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.LIST_OFFSETS, ctx.api_version, body)
     isolation = req.isolation_level if ctx.api_version >= 2 else 0
     from_client = req.replica_id == -1  # Kafka's consumer replica id; a follower or debug tool sees the log end

@@ -12,13 +12,12 @@ from ...protocol.messages import decode_request, encode_response
 from .common import UNKNOWN_AUTHORIZED_OPERATIONS, find_topic_by_id, topic_uuid
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 log = logging.getLogger("oncelog.metadata")
 
 
-def topic_entry(broker: Broker, name: str, error: int = 0) -> dict[str, Any]:
+def topic_entry(broker: BrokerServices, name: str, error: int = 0) -> dict[str, Any]:
     meta = broker.logs.topics.get(name)
     if meta is None or error:
         return {
@@ -51,7 +50,7 @@ def topic_entry(broker: Broker, name: str, error: int = 0) -> dict[str, Any]:
     }
 
 
-async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.METADATA, ctx.api_version, body)
     version = ctx.api_version
     auto_create = broker.config["auto.create.topics.enable"] and (version < 4 or req.allow_auto_topic_creation)
@@ -84,7 +83,7 @@ async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes
     return encode_response(ApiKey.METADATA, version, data)
 
 
-def _lookup_or_create(broker: Broker, name: str, auto_create: bool) -> dict[str, Any]:
+def _lookup_or_create(broker: BrokerServices, name: str, auto_create: bool) -> dict[str, Any]:
     if name in broker.logs.topics:
         return topic_entry(broker, name)
     if topic_name_problem(name):

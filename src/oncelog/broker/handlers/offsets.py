@@ -11,8 +11,7 @@ from ...protocol.messages import decode_request, encode_response
 from .groups import coordinator_of
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 
 def _by_topic(entries: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, list[dict[str, Any]]]]:
@@ -23,7 +22,7 @@ def _by_topic(entries: list[tuple[str, dict[str, Any]]]) -> list[tuple[str, list
     return list(topics.items())
 
 
-async def handle_offset_commit(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_offset_commit(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.OFFSET_COMMIT, ctx.api_version, body)
     version = ctx.api_version
     items = [
@@ -51,7 +50,7 @@ def _partition_entry(f: FetchedOffset) -> dict[str, Any]:
             "metadata": f.metadata, "error_code": f.error}
 
 
-def _fetch_group(broker: Broker, group_id: str, topics: Any,
+def _fetch_group(broker: BrokerServices, group_id: str, topics: Any,
                  require_stable: bool) -> tuple[ErrorCode, list[tuple[str, list[dict[str, Any]]]]]:
     partitions = None if topics is None else [(t.name, p) for t in topics for p in t.partition_indexes]
     groups = coordinator_of(broker)
@@ -63,7 +62,7 @@ def _fetch_group(broker: Broker, group_id: str, topics: Any,
     return error, _by_topic([(f.topic, _partition_entry(f)) for f in fetched])
 
 
-async def handle_offset_fetch(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_offset_fetch(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.OFFSET_FETCH, ctx.api_version, body)
     version = ctx.api_version
     require_stable = bool(req.require_stable) if version >= 7 else False
@@ -81,7 +80,7 @@ async def handle_offset_fetch(broker: Broker, ctx: RequestContext, body: memoryv
     return encode_response(ApiKey.OFFSET_FETCH, version, data)
 
 
-async def handle_offset_delete(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_offset_delete(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.OFFSET_DELETE, ctx.api_version, body)
     partitions = [(t.name, p.partition_index) for t in req.topics for p in t.partitions]
     groups = coordinator_of(broker)

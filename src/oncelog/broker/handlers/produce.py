@@ -23,8 +23,7 @@ from ...records.validate import validate_produce
 from .common import now_ms
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 log = logging.getLogger("oncelog.produce")
 
@@ -50,7 +49,7 @@ class _Slot:
         )
 
 
-def _client_facing(broker: Broker, ctx: RequestContext, header: Any, error: ErrorCode,
+def _client_facing(broker: BrokerServices, ctx: RequestContext, header: Any, error: ErrorCode,
                    message: str | None) -> tuple[ErrorCode, str | None]:
     """Translate a refusal into the code this client version understands and recovers from; which code a
     timed-out transaction's owner gets is the transaction coordinator's rule."""
@@ -65,7 +64,7 @@ def _client_facing(broker: Broker, ctx: RequestContext, header: Any, error: Erro
     return error, message
 
 
-async def handle(broker: Broker, ctx: RequestContext, body: memoryview) -> Any:
+async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> Any:
     req = decode_produce_request(body, ctx.api_version)
     acks = req.acks
     metrics = broker.metrics

@@ -9,11 +9,10 @@ from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 
-async def handle_init_producer_id(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_init_producer_id(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.INIT_PRODUCER_ID, ctx.api_version, body)
     data = {"throttle_time_ms": 0, "error_code": 0, "producer_id": -1, "producer_epoch": -1}
     if ctx.api_version >= 3 and (req.producer_id == -1) != (req.producer_epoch == -1):
@@ -32,7 +31,7 @@ async def handle_init_producer_id(broker: Broker, ctx: RequestContext, body: mem
     return encode_response(ApiKey.INIT_PRODUCER_ID, ctx.api_version, data)
 
 
-async def handle_describe_producers(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_describe_producers(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_PRODUCERS, ctx.api_version, body)
     topics = []
     for t in req.topics:

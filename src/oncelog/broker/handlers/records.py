@@ -10,13 +10,12 @@ from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 log = logging.getLogger("oncelog.records")
 
 
-async def handle_delete_records(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_delete_records(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DELETE_RECORDS, ctx.api_version, body)
     topics = []
     moved = False

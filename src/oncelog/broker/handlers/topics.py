@@ -13,8 +13,7 @@ from .common import find_topic_by_id, topic_uuid
 from .configs import describe_topic_entries
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 log = logging.getLogger("oncelog.topics")
 
@@ -24,7 +23,7 @@ MAX_PARTITIONS_PER_REQUEST = 10000
 _TOO_MANY = "Excessively large number of partitions per request."
 
 
-def _validate_new_topic(broker: Broker, name: str, partitions: int) -> None:
+def _validate_new_topic(broker: BrokerServices, name: str, partitions: int) -> None:
     problem = topic_name_problem(name)
     if problem:
         raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
@@ -34,7 +33,7 @@ def _validate_new_topic(broker: Broker, name: str, partitions: int) -> None:
         raise KafkaError(ErrorCode.INVALID_PARTITIONS, "Number of partitions must be at least 1")
 
 
-def _create_one(broker: Broker, item: Any, validate_only: bool, version: int) -> dict[str, Any]:
+def _create_one(broker: BrokerServices, item: Any, validate_only: bool, version: int) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": item.name, "topic_id": topic_uuid(None), "error_code": 0, "error_message": None,
         "num_partitions": -1, "replication_factor": -1, "configs": [],
@@ -74,7 +73,7 @@ def _create_one(broker: Broker, item: Any, validate_only: bool, version: int) ->
     return out
 
 
-async def handle_create_topics(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_create_topics(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.CREATE_TOPICS, ctx.api_version, body)
     seen: dict[str, int] = {}
     for item in req.topics:
@@ -100,7 +99,7 @@ async def handle_create_topics(broker: Broker, ctx: RequestContext, body: memory
     return encode_response(ApiKey.CREATE_TOPICS, ctx.api_version, {"throttle_time_ms": 0, "topics": results})
 
 
-async def handle_delete_topics(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_delete_topics(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DELETE_TOPICS, ctx.api_version, body)
     if ctx.api_version >= 6:
         targets = [(t.name, t.topic_id) for t in req.topics]
@@ -131,7 +130,7 @@ async def handle_delete_topics(broker: Broker, ctx: RequestContext, body: memory
     return encode_response(ApiKey.DELETE_TOPICS, ctx.api_version, {"throttle_time_ms": 0, "responses": responses})
 
 
-async def handle_create_partitions(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_create_partitions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.CREATE_PARTITIONS, ctx.api_version, body)
     added = 0
     for item in req.topics:

@@ -11,11 +11,10 @@ from ...protocol.messages import decode_request, encode_response
 from .common import now_ms
 
 if TYPE_CHECKING:
-    from ..dispatch import RequestContext
-    from ..server import Broker
+    from ..context import BrokerServices, RequestContext
 
 
-async def handle_add_partitions(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_add_partitions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, body)
     wanted = [(t.name, p) for t in req.v3_and_below_topics for p in t.partitions]
     results = await broker.txn_coordinator.add_partitions(
@@ -34,7 +33,7 @@ async def handle_add_partitions(broker: Broker, ctx: RequestContext, body: memor
     return encode_response(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, data)
 
 
-async def handle_add_offsets(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_add_offsets(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.ADD_OFFSETS_TO_TXN, ctx.api_version, body)
     error = await broker.txn_coordinator.add_offsets(
         req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, ctx.api_version
@@ -42,7 +41,7 @@ async def handle_add_offsets(broker: Broker, ctx: RequestContext, body: memoryvi
     return encode_response(ApiKey.ADD_OFFSETS_TO_TXN, ctx.api_version, {"throttle_time_ms": 0, "error_code": error})
 
 
-async def handle_end_txn(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_end_txn(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.END_TXN, ctx.api_version, body)
     error = await broker.txn_coordinator.end_txn(
         req.transactional_id, req.producer_id, req.producer_epoch, req.committed, ctx.api_version
@@ -50,7 +49,7 @@ async def handle_end_txn(broker: Broker, ctx: RequestContext, body: memoryview) 
     return encode_response(ApiKey.END_TXN, ctx.api_version, {"throttle_time_ms": 0, "error_code": error})
 
 
-async def handle_txn_offset_commit(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_txn_offset_commit(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.TXN_OFFSET_COMMIT, ctx.api_version, body)
     error = broker.txn_coordinator.check_txn_offset_commit(
         req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, ctx.api_version
@@ -78,7 +77,7 @@ async def handle_txn_offset_commit(broker: Broker, ctx: RequestContext, body: me
     return encode_response(ApiKey.TXN_OFFSET_COMMIT, ctx.api_version, data)
 
 
-async def handle_write_txn_markers(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_write_txn_markers(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     """Admin-driven markers (KIP-664 abort of a hanging transaction): written straight to the partitions."""
     req = decode_request(ApiKey.WRITE_TXN_MARKERS, ctx.api_version, body)
     markers = []
@@ -109,7 +108,7 @@ async def handle_write_txn_markers(broker: Broker, ctx: RequestContext, body: me
     return encode_response(ApiKey.WRITE_TXN_MARKERS, ctx.api_version, {"markers": markers})
 
 
-async def handle_describe_transactions(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_describe_transactions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_TRANSACTIONS, ctx.api_version, body)
     states = [broker.txn_coordinator.describe(txn_id) for txn_id in req.transactional_ids]
     return encode_response(
@@ -117,7 +116,7 @@ async def handle_describe_transactions(broker: Broker, ctx: RequestContext, body
     )
 
 
-async def handle_list_transactions(broker: Broker, ctx: RequestContext, body: memoryview) -> bytes:
+async def handle_list_transactions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.LIST_TRANSACTIONS, ctx.api_version, body)
     unknown, states = broker.txn_coordinator.list_transactions(
         list(req.state_filters), list(req.producer_id_filters),

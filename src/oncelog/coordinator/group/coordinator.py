@@ -33,7 +33,7 @@ from .settings import GroupSettings
 from .store import OffsetsLog, OffsetsTopic, Written
 
 if TYPE_CHECKING:
-    from ...broker.server import Broker
+    from ..host import GroupHost
 
 log = logging.getLogger("oncelog.groups")
 
@@ -61,7 +61,7 @@ class GroupCoordinator:
         self._expiry: asyncio.Task | None = None
 
     @classmethod
-    def for_broker(cls, broker: Broker) -> GroupCoordinator:
+    def for_broker(cls, broker: GroupHost) -> GroupCoordinator:
         def transactional_id_of(producer_id: int) -> str | None:
             txn = getattr(broker, "txn_coordinator", None)
             return None if txn is None else txn.by_producer.get(producer_id)

@@ -36,7 +36,7 @@ from .log_format import decode_key, decode_value, encode_key, encode_value
 from .metadata import EXHAUSTED_EPOCH, MAX_EPOCH, STATE_BY_NAME, TransactionMetadata, TxnState
 
 if TYPE_CHECKING:
-    from ...broker.server import Broker
+    from ..host import TransactionHost
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class InitResult:
 
 
 class TransactionCoordinator:
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: TransactionHost) -> None:
         self.broker = broker
         self.config = broker.config
         self.txns: dict[str, TransactionMetadata] = {}

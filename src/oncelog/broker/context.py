@@ -1,0 +1,94 @@
+"""What a request handler sees: its request's context and the broker's services.
+
+Handlers, the dispatcher and the connection sit below the server that wires them, so
+they name the broker and the connection through the Protocols here, never through
+`server.Broker` or `connection.Connection`; `server.Broker` and `connection.Connection`
+satisfy them structurally. A cluster-mode broker offers the same members.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ..config import BrokerConfig
+    from ..coordinator.group import GroupCoordinator
+    from ..coordinator.txn.coordinator import TransactionCoordinator
+    from ..coordinator.txn.producer_ids import ProducerIdManager
+    from ..storage.flusher import GroupCommitFlusher
+    from ..storage.log_manager import LogManager
+    from .delayed import PartitionWatchers
+    from .metrics import BrokerMetrics
+
+
+class ClientConnection(Protocol):
+    """The parts of a client connection that the dispatcher and the handlers use."""
+
+    peer: str
+    closed: bool
+    # Requests after this position on the connection are dropped unprocessed (None: none are).
+    close_at: int | None
+    # What the client said it is in ApiVersions v3+ (e.g. "apache-kafka-java", "librdkafka").
+    client_software: str | None
+    # Last fetch offset per partition, so records out are counted once.
+    fetch_positions: dict[tuple[str, int], int]
+
+    def close_after_pending(self, seq: int | None = None) -> None: ...
+
+
+@dataclass
+class RequestContext:
+    api_key: int
+    api_version: int
+    correlation_id: int
+    client_id: str | None
+    connection: ClientConnection
+    seq: int = 0  # position of the request on its connection
+
+
+class RequestDispatcher(Protocol):
+    """Where a connection hands its frames, and what ApiVersions advertises."""
+
+    def dispatch(self, conn: ClientConnection, frame: bytearray, fut: asyncio.Future, seq: int) -> None: ...
+
+    def supported_versions(self) -> list[tuple[int, int, int]]: ...
+
+
+class BrokerServices(Protocol):
+    """What the handlers take from the broker: identity, storage, coordinators, metrics, watchers."""
+
+    @property
+    def config(self) -> BrokerConfig: ...
+    @property
+    def data_dir(self) -> Path: ...
+    @property
+    def node_id(self) -> int: ...
+    @property
+    def cluster_id(self) -> str: ...
+    @property
+    def advertised(self) -> tuple[str, int]: ...
+    @property
+    def logs(self) -> LogManager: ...
+    @property
+    def flusher(self) -> GroupCommitFlusher: ...
+    @property
+    def producer_ids(self) -> ProducerIdManager: ...
+    @property
+    def txn_coordinator(self) -> TransactionCoordinator | None: ...
+    @property
+    def group_coordinator(self) -> GroupCoordinator | None: ...
+    @property
+    def metrics(self) -> BrokerMetrics: ...
+    @property
+    def watchers(self) -> PartitionWatchers: ...
+    @property
+    def dispatcher(self) -> RequestDispatcher: ...
+
+    async def init_transactional_producer(self, req: Any, version: int) -> dict[str, Any]: ...
+
+
+Handler = Callable[[BrokerServices, RequestContext, memoryview], Awaitable[Any]]
