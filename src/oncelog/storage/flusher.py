@@ -8,6 +8,11 @@ then moves the high watermarks, wakes the waiters and tells the broker (long-pol
 
 An fsync error takes the log offline: after a failed fsync Linux may have dropped the dirty pages, so a retry
 that "succeeds" would acknowledge data that is gone. Waiters get KAFKA_STORAGE_ERROR.
+
+Waiters wait for the high watermark. On a single node a round moves it (it is the durable end). A replicated
+log's round moves only its durable end: `on_high_watermark` still fires after every round, so the replica
+manager can recompute the high watermark from the replicas' durable ends, and after `set_high_watermark` it
+calls `high_watermark_moved` to wake the waiters (acks=all then means: durable on the in-sync replicas).
 """
 
 from __future__ import annotations
@@ -116,7 +121,8 @@ class GroupCommitFlusher:
             self._wakeup.set()
 
     async def wait_durable(self, plog: PartitionLog, offset: int) -> None:
-        """Return once `plog`'s high watermark is >= `offset` (pass the batch's last offset + 1)."""
+        """Return once `plog`'s high watermark is >= `offset` (pass the batch's last offset + 1): durable here,
+        and for a replicated log durable on the in-sync replicas."""
         if plog.high_watermark >= offset:
             return
         if plog.offline_reason is not None:
@@ -126,6 +132,13 @@ class GroupCommitFlusher:
         if plog.dirty:  # otherwise the round in flight already covers everything appended
             self.mark_dirty(plog)
         await future
+
+    def high_watermark_moved(self, plog: PartitionLog) -> None:
+        """The owner of a replicated log moved its high watermark: wake the waiters it now covers. (A single
+        node's rounds do this themselves.)"""
+        self._wake(plog)
+        if plog in self._dirty and self._wakeup is not None:
+            self._wakeup.set()
 
     def forget(self, plog: PartitionLog, error: KafkaError | None = None) -> None:
         """`plog` is gone (topic deleted): drop it and fail its waiters."""

@@ -8,6 +8,11 @@ thread and then calls `mark_flushed` back on the loop thread.
 High watermark = durable end. With fsync enabled, offsets below the high watermark are on disk, so a consumer
 never sees a record that a power loss could take back (and acks=all answers wait for the same point). With
 fsync disabled the high watermark follows the log end offset at once.
+
+A replicated log (`use_replicated_high_watermark`) splits the two: flushes move only `durable_end`, and the
+replica manager moves the high watermark (`set_high_watermark`) to what the in-sync replicas have made durable,
+never above this replica's own durable end. Followers cut divergent tails with `truncate_to` and start over
+with `truncate_fully_and_start_at`; `advance_log_start` follows the leader's log start offset.
 """
 
 from __future__ import annotations
@@ -102,15 +107,20 @@ class PartitionLog:
         self._bases: list[int] = []
         self._log_start = 0
         self._leo = 0
-        self._hw = 0
+        self._hw = 0  # the high watermark: what readers may see
+        self._durable = 0  # the durable end: offsets below it are fsynced (== _hw unless replicated)
+        self._replicated = False
         self._recovery_point = 0
         self._size = 0
         self._dir_fd: int | None = None
         self._unsynced: list[LogSegment] = []  # segments with bytes written since their last fdatasync
         self._pending_fds: list[int] = []  # index files of rolled segments, waiting for the next flush round
         self._dir_dirty = False
-        self._flushing: tuple[int, LogSegment, int] | None = None
+        # The round in flight: (end offset, active segment, its size). After a truncation the segment is None
+        # and the end is capped at the truncation point, since the round's fds do not cover later appends.
+        self._flushing: tuple[int, LogSegment | None, int] | None = None
         self._hw_position: tuple[int, LogSegment, int] | None = None  # (high watermark, its segment, position)
+        self._durable_position: tuple[int, LogSegment, int] | None = None  # the same for the durable end
         self._unavailable: tuple[ErrorCode, str] | None = None
         self._closed = False
         self._apply_config(config)
@@ -223,7 +233,7 @@ class PartitionLog:
             os.fsync(self._dir_fd)
         self._dir_dirty = False
         self._size = sum(s.size for s in self._segments)
-        self._hw = self._recovery_point = self._leo
+        self._hw = self._durable = self._recovery_point = self._leo
 
     def _list_segments(self) -> list[int]:
         """Base offsets of the `.log` files; index files without a log file are removed."""
@@ -268,6 +278,39 @@ class PartitionLog:
     @property
     def high_watermark(self) -> int:
         return self._hw
+
+    @property
+    def durable_end(self) -> int:
+        """Offsets below it are on disk (with fsync disabled: the log end). The high watermark of a single node;
+        what a replica reports as replicated in cluster mode."""
+        return self._durable
+
+    @property
+    def replicated(self) -> bool:
+        return self._replicated
+
+    def use_replicated_high_watermark(self, high_watermark: int) -> int:
+        """From now on flushes move only the durable end; the owner moves the high watermark with
+        `set_high_watermark`. Starts it at `high_watermark` (the replication checkpoint, or the leader's) clamped
+        to [log start, durable end]: the one place besides truncation where it may move down, since a single
+        node's high watermark (the durable end) may cover records the other replicas never got. Returns it."""
+        self._replicated = True
+        self._hw = max(self._log_start, min(high_watermark, self._durable))
+        self._hw_position = None
+        return self._hw
+
+    def set_high_watermark(self, offset: int) -> bool:
+        """Move the high watermark up to `offset` (the minimum durable end of the in-sync replicas for a leader,
+        the leader's high watermark for a follower), clamped to this replica's durable end; never backwards.
+        True if it moved: the caller wakes acks=all waiters (`GroupCommitFlusher.high_watermark_moved`) and
+        long-polling fetches."""
+        new = min(offset, self._durable)
+        if new <= self._hw:
+            return False
+        self._hw = new
+        known = self._durable_position
+        self._hw_position = known if known is not None and known[0] == new else None
+        return True
 
     @property
     def recovery_point(self) -> int:
@@ -315,26 +358,43 @@ class PartitionLog:
         new epoch. Recovery would keep a tail whose CRCs still match, and the re-sent records would then be in
         the log twice. Cutting it here makes the answer true. If even that fails, the restart's recovery is
         all that is left."""
-        hw = self._hw
+        durable = self._durable
         try:
-            while len(self._segments) > 1 and self._segments[-1].base_offset >= hw:
+            leo = self._leo
+            self._cut_tail(durable)
+            if leo > durable:
+                log.warning("%s: dropped the unsynced offsets %d..%d", self.name, durable, leo - 1)
+        except OSError as exc:
+            log.error("%s: could not cut the unsynced tail at %d: %s", self.name, durable, exc)
+
+    def _cut_tail(self, offset: int) -> None:
+        """Remove the batches from the one containing `offset` on: later segments are deleted (their files
+        and, through `on_segment_deleted`, what hangs on them), the segment holding `offset` is cut at that
+        batch's start with its indexes. Keeps at least one segment. The log end becomes that batch boundary;
+        the other offsets are the caller's to adjust. OSError leaves the files in an unknown state."""
+        deleted: list[int] = []
+        try:
+            while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
                 segment = self._segments.pop()
                 self._bases.pop()
                 self._size -= segment.size
                 if segment.unsynced:
                     self._unsynced.remove(segment)
+                    segment.unsynced = False
+                deleted.append(segment.base_offset)
+                self._dir_dirty = True
                 segment.delete()
             segment = self._segments[-1]
-            if segment.next_offset > hw:
-                found = segment.position_of(hw)
+            if segment.next_offset > offset:
+                found = segment.position_of(offset)
                 position = found[0] if found is not None else segment.size
                 self._size -= segment.size - position
                 segment.truncate_to(position)
-            if self._leo > hw:
-                log.warning("%s: dropped the unsynced offsets %d..%d", self.name, hw, self._leo - 1)
-            self._leo = hw
-        except OSError as exc:
-            log.error("%s: could not cut the unsynced tail at %d: %s", self.name, hw, exc)
+            self._leo = segment.next_offset
+        finally:
+            self._hw_position = self._durable_position = None
+            for base in deleted:
+                self._call_hook(self.on_segment_deleted, base)
 
     def update_config(self, config: TopicConfig) -> None:
         self.config = config
@@ -382,7 +442,9 @@ class PartitionLog:
             segment.unsynced = True
             self._unsynced.append(segment)
         if not self.fsync_enabled:
-            self._hw = self._leo
+            self._durable = self._leo
+            if not self._replicated:
+                self._hw = self._leo
         if not self._notified:
             self._notify_dirty()
         return base
@@ -485,7 +547,12 @@ class PartitionLog:
         if known is not None and known[0] == upper_bound and known[1] is segment:
             return known[2]
         found = segment.position_of(upper_bound)
-        return found[0] if found is not None else segment.size
+        if found is None:
+            return segment.size
+        if upper_bound == self._hw:
+            # A high watermark that moved without a flush round (a replicated log's) is looked up once.
+            self._hw_position = (upper_bound, segment, found[0])
+        return found[0]
 
     def iter_batches(self, start_offset: int | None = None, end_offset: int | None = None) -> Iterator[BatchHeader]:
         """Headers of the batches from the one containing `start_offset` (default: the log start) up to
@@ -552,7 +619,7 @@ class PartitionLog:
         return bool(self._unsynced or self._pending_fds or self._dir_dirty)
 
     def unflushed_end(self) -> int:
-        """The offset the high watermark reaches after the next flush round."""
+        """The offset the durable end (single node: the high watermark) reaches after the next flush round."""
         return self._leo
 
     def flush_targets(self) -> FlushTargets:
@@ -583,14 +650,26 @@ class PartitionLog:
         return FlushTargets(end, fds, dir_fds)
 
     def mark_flushed(self, end_offset: int) -> None:
-        """Everything below `end_offset` is on disk: move the high watermark (never backwards)."""
+        """Everything below `end_offset` is on disk: move the durable end and, unless replicated, the high
+        watermark (never backwards)."""
         flushing, self._flushing = self._flushing, None
-        if end_offset > self._hw:
-            self._hw = min(end_offset, self._leo)
+        known: tuple[int, LogSegment, int] | None = None
+        if flushing is not None:
+            end, segment, position = flushing
+            if segment is None:
+                end_offset = min(end_offset, end)  # truncated during the round: later bytes are not covered
+            else:
+                known = (end, segment, position)
+        if end_offset > self._durable:
+            self._durable = min(end_offset, self._leo)
             if self.fsync_enabled:
-                self._recovery_point = self._hw
-        if flushing is not None and flushing[0] == self._hw:
-            self._hw_position = flushing
+                self._recovery_point = self._durable
+            if not self._replicated:
+                self._hw = self._durable
+        if known is not None and known[0] == self._durable:
+            self._durable_position = known
+        if known is not None and known[0] == self._hw:
+            self._hw_position = known
         elif self._hw_position is not None and self._hw_position[0] != self._hw:
             self._hw_position = None
 
@@ -609,6 +688,124 @@ class PartitionLog:
         if offset > self._log_start:
             self._log_start = offset
             self._delete_segments_below_start()
+        return self._log_start
+
+    # -- replication: truncation and the leader's log start ---------------------------------------------------
+    def truncate_to(self, offset: int) -> int:
+        """Remove every batch at or above `offset` (a follower cutting what the leader does not have, at the end
+        offset OffsetsForLeaderEpoch gave or the high watermark); returns the new log end offset.
+
+        An `offset` inside a batch removes that whole batch: a log never keeps part of one. Segments above it
+        are deleted and the one holding it is cut with its indexes. The high watermark, durable end and
+        recovery point come down to the new end; if `offset` is below the first segment the log starts over
+        there (`truncate_fully_and_start_at`), and a log start above the new end comes down to it, as in
+        Kafka. With fsync enabled everything left is synced before returning, so the cut survives a crash and
+        the durable end is the new log end. KAFKA_STORAGE_ERROR (and the log offline) if the files could not be
+        changed. The caller rebuilds what derives from the log (`Partition.truncate_to`) and checkpoints."""
+        if self._unavailable is not None:
+            raise self._error()
+        if offset < 0:
+            raise ValueError(f"Cannot truncate {self.name} to the negative offset {offset}")
+        if offset >= self._leo:
+            return self._leo
+        if offset < self._segments[0].base_offset:
+            self.truncate_fully_and_start_at(offset)
+            return self._leo
+        old_end = self._leo
+        try:
+            self._cut_tail(offset)
+        except OSError as exc:
+            self.mark_offline(f"truncation to {offset} failed: {exc}")
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Truncation of {self.name} failed: {exc}") from exc
+        if self._log_start > self._leo:
+            log.warning("%s: truncation to %d moves the log start offset down from %d", self.name, self._leo,
+                        self._log_start)
+            self._log_start = self._leo
+        log.info("%s: truncated from %d to %d", self.name, old_end, self._leo)
+        self._after_truncation()
+        return self._leo
+
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Delete every segment and start an empty log at `offset` (log start = log end = high watermark =
+        `offset`): a follower whose log end lies below the leader's log start, or that shares no history
+        with it. Durable before returning with fsync enabled; KAFKA_STORAGE_ERROR (and offline) on failure."""
+        if self._unavailable is not None:
+            raise self._error()
+        if offset < 0:
+            raise ValueError(f"Cannot start {self.name} at the negative offset {offset}")
+        old = self._segments
+        self._segments, self._bases = [], []
+        self._unsynced = []
+        self._size = 0
+        self._hw_position = self._durable_position = None
+        for fd in self._pending_fds:
+            os.close(fd)
+        self._pending_fds = []
+        self._leo = self._log_start = offset
+        failure: OSError | None = None
+        for segment in old:
+            segment.unsynced = False
+            try:
+                segment.delete()
+            except OSError as exc:
+                failure = failure or exc
+        if failure is None:
+            try:
+                self._segments = [LogSegment.create(self.directory, offset, now_ms=self._now_ms(),
+                                                    **self._segment_kwargs())]
+                self._bases = [offset]
+            except OSError as exc:
+                failure = exc
+        self._dir_dirty = True
+        for segment in old:
+            self._call_hook(self.on_segment_deleted, segment.base_offset)
+        if failure is not None:
+            self.mark_offline(f"truncation to start at {offset} failed: {failure}")
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Truncation of {self.name} failed: {failure}")
+        log.info("%s: emptied, starting at %d", self.name, offset)
+        self._after_truncation(everything_new=True)
+
+    def _after_truncation(self, everything_new: bool = False) -> None:
+        """Bring the offsets down to the new log end and make the cut durable."""
+        end = self._leo
+        if everything_new:
+            self._hw = self._durable = self._recovery_point = end
+        else:
+            self._hw = min(self._hw, end)
+            self._durable = min(self._durable, end)
+            self._recovery_point = min(self._recovery_point, end)
+        if self._flushing is not None:
+            self._flushing = (min(self._flushing[0], end), None, 0)
+        if not self.fsync_enabled:
+            self._durable = end
+            if not self._replicated:
+                self._hw = end
+            return
+        try:
+            self._sync_all()
+        except OSError as exc:
+            self.mark_offline(f"fsync after truncation failed: {exc}")
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"fsync of {self.name} failed: {exc}") from exc
+        self._durable = self._recovery_point = end
+        if not self._replicated:
+            self._hw = end
+
+    def advance_log_start(self, offset: int) -> int:
+        """A follower takes the leader's log start offset (Kafka's maybeIncrementLogStartOffset from a fetch
+        response): never backwards, and at most up to this replica's durable end, so that log start <= high
+        watermark <= durable end <= log end holds and no deletion is claimed for offsets this replica could
+        still lose; the next fetch response repeats the leader's value. Segments wholly below it are deleted.
+        Returns the log start offset; the caller checkpoints it (`LogManager.advance_log_start`)."""
+        if self._unavailable is not None:
+            raise self._error()
+        new = min(offset, self._durable)
+        if new <= self._log_start:
+            return self._log_start
+        self._log_start = new
+        if self._hw < new:
+            self._hw = new
+            self._hw_position = None
+        self._delete_segments_below_start()
         return self._log_start
 
     def apply_retention(self, now_ms: int) -> int:
@@ -705,7 +902,9 @@ class PartitionLog:
         try:
             if self.offline_reason is None and self._segments:
                 self._sync_all()
-                self._hw = self._recovery_point = self._leo
+                self._durable = self._recovery_point = self._leo
+                if not self._replicated:
+                    self._hw = self._leo
         except OSError as exc:
             failure = exc
             self.mark_offline(f"fsync at close failed: {exc}")
