@@ -470,6 +470,35 @@ class LogManager:
             self.checkpoint()
         return start
 
+    # -- replication: a follower's storage operations, checkpointed ---------------------------------------------
+    def _partition(self, topic: str, partition: int) -> Partition:
+        part = self._partitions.get((topic, partition))
+        if part is None:
+            raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} is not in this log directory")
+        return part
+
+    def truncate_to(self, topic: str, partition: int, offset: int) -> int:
+        """`Partition.truncate_to`, then the checkpoints: a recovery point left above the new end would let the
+        next start skip checking the segments that new, unsynced appends go to (Kafka checkpoints too)."""
+        end = self._partition(topic, partition).truncate_to(offset, self._now_ms())
+        self.checkpoint()
+        return end
+
+    def truncate_fully_and_start_at(self, topic: str, partition: int, offset: int) -> None:
+        """`Partition.truncate_fully_and_start_at`, then the checkpoints (the log start offset moved too)."""
+        self._partition(topic, partition).truncate_fully_and_start_at(offset, self._now_ms())
+        self.checkpoint()
+
+    def advance_log_start(self, topic: str, partition: int, offset: int) -> int:
+        """`Partition.advance_log_start` (a follower taking the leader's log start offset), checkpointed when
+        it moved, so a restart or a failover never brings deleted records back (seed 000)."""
+        part = self._partition(topic, partition)
+        before = part.log.log_start_offset
+        start = part.advance_log_start(offset)
+        if start != before:
+            self.checkpoint()
+        return start
+
     def run_retention(self, now_ms: int | None = None) -> int:
         """Apply retention to every log; returns the number of segments deleted. Log start offsets that moved
         are checkpointed at once, so deleted records do not come back after a crash."""

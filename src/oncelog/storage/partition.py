@@ -6,6 +6,11 @@ event loop, so no other append can slip between the producer-state verdict and t
 write. Producer state is snapshotted whenever data it was built from could go away
 (segment roll, segment deletion, clean shutdown), always after the log is durable up
 to the snapshot's offset, so a snapshot never describes data a crash can take back.
+
+For replication a partition also keeps its leader-epoch cache, and offers what a
+follower does to its storage: truncate (rebuilding producer state and the aborted-
+transaction index for what remains), start over at another offset, follow the leader's
+log start offset, and take over a leader's producer state (seed 000).
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from ..errors import ErrorCode, KafkaError
 from ..records.batch import BatchHeader, read_header
 from ..records.control import ControlRecordError, build_marker, parse_marker
 from ..records.reader import Batch, iter_batches, read_batches
+from .checkpoints import CorruptCheckpointError
+from .leader_epochs import LeaderEpochCache
 from .partition_log import PartitionLog
 from .producer_state import ProducerStateManager
 from .txn_index import AbortedTxn, TxnIndex
@@ -43,6 +50,7 @@ class Partition:
         self.index = plog.partition
         self.producers = ProducerStateManager(plog.directory, plog.name, max_producer_batches)
         self.txn_index = TxnIndex(plog.directory, plog.name)
+        self.leader_epochs = self._load_leader_epochs()
         # Set by the broker when a transaction coordinator runs: decides whether a transactional batch
         # belongs to its producer's ongoing transaction (KIP-890 part 1, a local call here).
         self.verify_transaction: Callable[[str | None, int, int, str, int], tuple[ErrorCode, str | None]] | None = None
@@ -63,6 +71,20 @@ class Partition:
 
     def aborted_transactions(self, start: int, end: int) -> list[tuple[int, int]]:
         return self.txn_index.collect(start, end)
+
+    def _load_leader_epochs(self) -> LeaderEpochCache:
+        """The checkpointed cache, cut to the log as it was recovered (a crash may have taken a tail the file
+        still names); rebuilt from the batches' leader epochs if the file is unreadable."""
+        plog = self.log
+        try:
+            cache = LeaderEpochCache(plog.directory, plog.name)
+        except CorruptCheckpointError as exc:
+            log.error("%s: %s; rebuilding the leader epochs from the log", self.name, exc)
+            cache = LeaderEpochCache(plog.directory, plog.name, load=False)
+            cache.rebuild((h.leader_epoch, h.base_offset) for h in plog.iter_batches())
+        cache.truncate_from_end(plog.log_end_offset)
+        cache.truncate_from_start(plog.log_start_offset)
+        return cache
 
     # -- recovery ---------------------------------------------------------------------------------------
     def load_producer_state(self, now_ms: int) -> None:
@@ -177,6 +199,58 @@ class Partition:
             self.txn_index.append(AbortedTxn(offset, producer_id, first, offset if lso is None else lso),
                                   segment_base)
 
+    # -- replication: a follower's storage operations ----------------------------------------------------
+    def truncate_to(self, offset: int, now_ms: int) -> int:
+        """Cut the log at `offset` (whole batches: see `PartitionLog.truncate_to`) and rebuild what derives from
+        it: producer state from the newest snapshot at or below the new end plus a replay (snapshots above it
+        are dropped), the aborted-transaction index likewise, and the leader epochs that start at or after the
+        new end. Returns the new log end offset. The caller checkpoints (`LogManager.truncate_to`)."""
+        before = self.log.log_end_offset
+        end = self.log.truncate_to(offset)
+        self.leader_epochs.truncate_from_end(end)  # also without a cut: an epoch assigned at the old end
+        if end < before:
+            self.load_producer_state(now_ms)
+        return end
+
+    def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
+        """Empty the log and start it at `offset`, with no producer state, no aborted transactions and no
+        leader epochs (`install_producer_state` gives it a leader's producers)."""
+        self.log.truncate_fully_and_start_at(offset)
+        self.producers.delete_snapshots()
+        self.leader_epochs.clear()
+        self.load_producer_state(now_ms)
+
+    def advance_log_start(self, offset: int) -> int:
+        """Follow the leader's log start offset (never backwards; see `PartitionLog.advance_log_start`); the
+        leader epochs before it go. Returns the log start offset. Producer state stays (KIP-360)."""
+        start = self.log.advance_log_start(offset)
+        self.leader_epochs.truncate_from_start(start)
+        return start
+
+    def export_producer_state(self) -> tuple[bytes, int]:
+        """(the producer state in the snapshot format, the log end offset it describes): what a replica
+        added by reassignment installs before it may join the ISR (seed 000)."""
+        return self.producers.export_state(), self.log.log_end_offset
+
+    def install_producer_state(self, snapshot: bytes, offset: int) -> None:
+        """Take over a leader's producer state, exported when its log ended at `offset`, so this replica answers
+        an exact retry with the original offsets and a window retry with DUPLICATE_SEQUENCE_NUMBER, also for
+        producers whose batches it never had (before the log start, or before it joined).
+
+        This log must end exactly at `offset`: emptied and started there (`truncate_fully_and_start_at`), or
+        replicated up to exactly there. Installing state of a later offset and then replaying the batches in
+        between would count them twice (a marker would close the wrong transaction); ValueError otherwise, and
+        for damaged bytes. The state is snapshotted (the log synced first) before returning, so a restart keeps
+        it; KafkaError or OSError if that fails."""
+        if offset != self.log.log_end_offset:
+            raise ValueError(f"{self.name}: producer state of offset {offset} cannot be installed on a log that "
+                             f"ends at {self.log.log_end_offset}")
+        self.producers.install_state(snapshot)
+        self.producers.delete_snapshots(above=offset)
+        self.log.sync_now()
+        self.txn_index.sync()
+        self.producers.write_snapshot(offset)
+
     # -- lookups by time -------------------------------------------------------------------------------
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:
         """ListOffsets by time: the first record at or after `timestamp`, as Kafka answers it.
@@ -279,6 +353,8 @@ class Partition:
         segments = self.log.segments
         next_base = segments[0].base_offset if segments else self.log.log_end_offset
         self.txn_index.drop_segment(base, next_base)
+        if len(self.leader_epochs):
+            self.leader_epochs.truncate_from_start(next_base)
 
     def expire_producers(self, now_ms: int, expiration_ms: int, forget_ms: int | None = None) -> list[int]:
         return self.producers.expire(now_ms, expiration_ms, forget_ms)

@@ -304,13 +304,31 @@ class ProducerStateManager:
                 log.warning("%s: snapshot %s unusable (%s); trying an older one", self.name, path.name, exc)
                 path.unlink(missing_ok=True)
                 continue
-            self.entries = {e.producer_id: e for e in entries}
-            self.ongoing = {e.producer_id: e.current_txn_first_offset for e in entries
-                            if e.current_txn_first_offset >= 0}
+            self._set_entries(entries)
             return offset
-        self.entries = {}
-        self.ongoing = {}
+        self._set_entries([])
         return None
+
+    def _set_entries(self, entries: Iterable[ProducerEntry]) -> None:
+        self.entries = {e.producer_id: e for e in entries}
+        self.ongoing = {e.producer_id: e.current_txn_first_offset for e in self.entries.values()
+                        if e.current_txn_first_offset >= 0}
+
+    def delete_snapshots(self, above: int = -1) -> None:
+        """Remove the snapshot files of offsets above `above` (all of them by default): state of log data
+        that a truncation removed."""
+        for offset in self.list_snapshots():
+            if offset > above:
+                self.snapshot_path(offset).unlink(missing_ok=True)
+
+    # -- transfer to a new replica (seed 000) ---------------------------------------------------------------
+    def export_state(self) -> bytes:
+        """The whole state in the snapshot format (every cached batch, epochs, open transactions)."""
+        return encode_snapshot(self.entries.values())
+
+    def install_state(self, data: bytes) -> None:
+        """Replace the state with an exported one; ValueError (nothing changed) if `data` is damaged."""
+        self._set_entries(decode_snapshot(data, self.max_batches))
 
 
 # -- snapshot format ----------------------------------------------------------------------------------------

@@ -104,6 +104,12 @@ class TxnIndex:
         if keep == len(self.entries):
             return
         self.entries = self.entries[:keep]
+        for path, pending in list(self._unwritten.items()):  # or `sync` would write them back
+            pending = [e for e in pending if e.last_offset < offset]
+            if pending:
+                self._unwritten[path] = pending
+            else:
+                del self._unwritten[path]
         for base in segment_bases:
             path = self._path(base)
             if not path.exists():
