@@ -135,8 +135,11 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
                   at_least(8), "log.index.size.max.bytes"),
         ConfigKey("index.interval.bytes", TYPE_INT, 4096, "Bytes between two offset index entries.",
                   at_least(0), "log.index.interval.bytes"),
-        ConfigKey("min.insync.replicas", TYPE_INT, 1, "Replicas that must acknowledge acks=all (always 1 here).",
+        ConfigKey("min.insync.replicas", TYPE_INT, 1, "In-sync replicas an acks=all write needs (1 on a single node).",
                   at_least(1), "min.insync.replicas"),
+        ConfigKey("unclean.leader.election.enable", TYPE_BOOLEAN, False,
+                  "Elect a replica outside the ISR when no in-sync replica is alive (may lose acknowledged data).",
+                  None, "unclean.leader.election.enable"),
         ConfigKey("file.delete.delay.ms", TYPE_LONG, 60000, "Kept for compatibility; deletion is immediate.",
                   at_least(0), "log.segment.delete.delay.ms"),
     ]
@@ -147,8 +150,8 @@ def _broker_keys() -> dict[str, ConfigKey]:
     keys = [
         ConfigKey("node.id", TYPE_INT, 0, "This broker's id.", at_least(0)),
         ConfigKey("num.partitions", TYPE_INT, 1, "Partitions of an auto-created topic.", at_least(1)),
-        ConfigKey("default.replication.factor", TYPE_SHORT, 1, "Replication factor of auto-created topics.",
-                  lambda v: None if v == 1 else "must be 1 on a single broker"),
+        ConfigKey("default.replication.factor", TYPE_SHORT, 1,
+                  "Replication factor of topics created without one (1 on a single node).", at_least(1)),
         ConfigKey("auto.create.topics.enable", TYPE_BOOLEAN, True, "Create a topic on first Metadata request."),
         ConfigKey("delete.topic.enable", TYPE_BOOLEAN, True, "Allow DeleteTopics."),
         ConfigKey("advertised.listeners", TYPE_STRING, "", "host:port clients are told to connect to."),
@@ -173,7 +176,8 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("log.index.size.max.bytes", TYPE_INT, 10485760, "Default segment.index.bytes.", at_least(8)),
         ConfigKey("log.index.interval.bytes", TYPE_INT, 4096, "Default index.interval.bytes.", at_least(0)),
         ConfigKey("log.segment.delete.delay.ms", TYPE_LONG, 60000, "Default file.delete.delay.ms.", at_least(0)),
-        ConfigKey("min.insync.replicas", TYPE_INT, 1, "Default min.insync.replicas.", at_least(1)),
+        ConfigKey("min.insync.replicas", TYPE_INT, 1,
+                  "Default min.insync.replicas: in-sync replicas an acks=all write needs.", at_least(1)),
         ConfigKey("log.flush.offset.checkpoint.interval.ms", TYPE_INT, 60000,
                   "How often the recovery point of every partition is checkpointed.", at_least(1)),
         ConfigKey("log.flush.start.offset.checkpoint.interval.ms", TYPE_INT, 60000,
@@ -213,6 +217,44 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("group.min.session.timeout.ms", TYPE_INT, 6000, "Smallest session timeout allowed.", at_least(0)),
         ConfigKey("group.max.session.timeout.ms", TYPE_INT, 1800000, "Largest session timeout allowed.",
                   at_least(0)),
+        # Cluster mode (docs/cluster.md); unset oncelog.coordination.connect = the single node.
+        ConfigKey("oncelog.coordination.connect", TYPE_STRING, "",
+                  "ZooKeeper connect string host:port[,host:port...][/chroot] (default chroot /oncelog). "
+                  "Empty: a single node without replication."),
+        ConfigKey("oncelog.coordination.session.timeout.ms", TYPE_INT, 9000,
+                  "ZooKeeper session timeout: how long a dead or paused broker keeps its registration and "
+                  "leaderships.", at_least(1)),
+        ConfigKey("replica.lag.time.max.ms", TYPE_LONG, 30000,
+                  "A follower that has not caught up for this long is removed from the ISR.", at_least(1)),
+        ConfigKey("unclean.leader.election.enable", TYPE_BOOLEAN, False,
+                  "Elect a replica outside the ISR when no in-sync replica is alive (may lose acknowledged data)."),
+        ConfigKey("offsets.topic.replication.factor", TYPE_SHORT, 3,
+                  "Replication factor of __consumer_offsets; its creation waits until that many brokers are alive.",
+                  at_least(1)),
+        ConfigKey("transaction.state.log.replication.factor", TYPE_SHORT, 3,
+                  "Replication factor of __transaction_state; its creation waits until that many brokers are alive.",
+                  at_least(1)),
+        ConfigKey("transaction.state.log.min.isr", TYPE_INT, 2, "min.insync.replicas of __transaction_state.",
+                  at_least(1)),
+        ConfigKey("auto.leader.rebalance.enable", TYPE_BOOLEAN, True,
+                  "The controller moves leaderships back to preferred replicas when brokers are imbalanced."),
+        ConfigKey("leader.imbalance.check.interval.seconds", TYPE_LONG, 300,
+                  "How often the controller checks leader imbalance.", at_least(1)),
+        ConfigKey("leader.imbalance.per.broker.percentage", TYPE_INT, 10,
+                  "Share of a broker's preferred leaderships led elsewhere above which they are moved back.",
+                  at_least(0)),
+        ConfigKey("controlled.shutdown.enable", TYPE_BOOLEAN, True,
+                  "On shutdown, ask the controller to move this broker's leaderships away first."),
+        ConfigKey("replica.fetch.max.bytes", TYPE_INT, 1048576,
+                  "Bytes a follower asks for per partition in one fetch.", at_least(0)),
+        ConfigKey("replica.fetch.response.max.bytes", TYPE_INT, 10485760,
+                  "Bytes a follower asks for in one fetch response.", at_least(0)),
+        ConfigKey("replica.fetch.wait.max.ms", TYPE_INT, 500,
+                  "Longest a follower's fetch waits on the leader for data.", at_least(0)),
+        ConfigKey("replica.fetch.backoff.ms", TYPE_INT, 1000, "Pause of a follower after a failed fetch.",
+                  at_least(0)),
+        ConfigKey("replica.socket.timeout.ms", TYPE_INT, 30000, "Timeout of a follower's fetch requests.",
+                  at_least(1)),
         ConfigKey("oncelog.fsync.enable", TYPE_BOOLEAN, True,
                   "fsync before acknowledging acks=all and before data becomes visible to consumers. "
                   "Turning it off trades durability against power loss for speed."),
@@ -371,6 +413,9 @@ def load_broker_config(
             key = BROKER_KEYS[alias]
         values[key.name] = key.parse(value)
         explicit.add(key.name)
+    if not values["oncelog.coordination.connect"] and values["default.replication.factor"] != 1:
+        raise ConfigError("Invalid value for configuration default.replication.factor: must be 1 on a single "
+                          "broker (set oncelog.coordination.connect to run a cluster)")
     return BrokerConfig(values, explicit)
 
 
