@@ -6,11 +6,12 @@ STAMP := $(VENV)/.setup-stamp
 DATA_DIR ?= ./data
 LISTEN ?= 127.0.0.1:9092
 PYTEST_ARGS ?=
-# make test leaves out the slow runs against real Apache Kafka (the 3-node cluster, the long fault runs):
-# `make kafka-test` runs every test against Kafka.
-TEST_MARKERS ?= not kafka_cluster and not kafka_slow
+# make test leaves out the slow runs against real Apache Kafka (the 3-node cluster, the long fault runs) and
+# the long cluster-mode runs: `make kafka-test` runs every test against Kafka, `make cluster-test` every
+# cluster-mode test.
+TEST_MARKERS ?= not kafka_cluster and not kafka_slow and not cluster_slow
 
-.PHONY: setup run test kafka-test lint bench clean
+.PHONY: setup run test kafka-test coordination-setup cluster-test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,9 +24,20 @@ setup: $(STAMP)
 run: setup
 	$(VENV)/bin/oncelog serve --data-dir $(DATA_DIR) --listen $(LISTEN)
 
-test: setup
+test: setup coordination-setup
 	$(VENV)/bin/ruff check src tests bench
 	$(PY) -m pytest -q -m "$(TEST_MARKERS)" $(PYTEST_ARGS)
+
+# ZooKeeper's jars (cluster mode's coordination service) resolved once by Maven and the classpath cached, so
+# tests start it without Maven. Not part of `make run`: the single node needs no Java. Without java/mvn (or
+# offline the first time) it says so and tests/cluster skips with the reason.
+coordination-setup: setup
+	@$(VENV)/bin/oncelog coordination classpath >/dev/null \
+		|| echo "coordination-setup: ZooKeeper's jars not resolved; tests needing ZooKeeper will skip or fail"
+
+# Every cluster-mode test, the long ones (cluster_slow) included.
+cluster-test: setup coordination-setup
+	$(PY) -m pytest -q tests/cluster $(PYTEST_ARGS)
 
 # oncelog's client, CLI and Spark pipelines against Apache Kafka 4.4 (KRaft; jars from Maven Central, cached in
 # ~/.m2): one node with PLAINTEXT, SSL, SASL_SSL and SASL_PLAINTEXT listeners, and a 3-node cluster.

@@ -1,0 +1,92 @@
+"""`oncelog coordination start|classpath`: the coordination service (ZooKeeper) cluster mode keeps metadata on.
+
+`start` runs one ZooKeeper member in the foreground, for development and tests: it prints exactly one line on
+stdout, `oncelog coordination ready at HOST:PORT` (the connect string brokers take in
+`oncelog.coordination.connect`), once a session to it opens; SIGTERM or Ctrl-C stop the JVM (SIGTERM, SIGKILL
+after a bound) and exit 0. If the JVM dies on its own the command exits 1 with the end of its log. The JVM dies
+with this process in every case (oncelog.cluster.coordination_service). `classpath` resolves ZooKeeper's jars
+(Maven, first use only) and prints the classpath: `make coordination-setup` runs it so tests need no Maven.
+Needs `java` (and `mvn` until the jars are cached); without them, a one-line error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from .common import CommandError
+
+
+def register(sub: Any, common: argparse.ArgumentParser) -> None:
+    coordination = sub.add_parser("coordination",
+                                  help="run the coordination service (ZooKeeper) cluster mode keeps metadata on")
+    verbs = coordination.add_subparsers(dest="verb", required=True, metavar="COMMAND")
+
+    start = verbs.add_parser("start", help="run one ZooKeeper member in the foreground (development, tests)")
+    start.add_argument("--data-dir", type=Path, required=True,
+                       help="ZooKeeper's data (znodes survive restarts), zoo.cfg and zookeeper.log")
+    start.add_argument("--listen", type=_host_port, default=("127.0.0.1", 2181), metavar="HOST:PORT",
+                       help="client address (default 127.0.0.1:2181; port 0: any free port)")
+    start.add_argument("--start-timeout", type=float, default=120.0, metavar="SECONDS",
+                       help="give up if it does not answer within this long (default 120; the jars' first "
+                            "download from Maven Central is not counted)")
+    start.add_argument("--heap-mb", type=int, default=128, help="JVM heap (default 128)")
+    start.set_defaults(handler=_start)
+
+    classpath = verbs.add_parser("classpath", help="resolve ZooKeeper's jars (Maven, first use only) and print "
+                                                   "the classpath")
+    classpath.set_defaults(handler=_classpath)
+
+
+def _host_port(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or int(port) > 65535:
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _classpath(args: argparse.Namespace) -> int:
+    from ..cluster.zookeeper_jars import CoordinationUnavailable, zookeeper_classpath
+
+    try:
+        print(zookeeper_classpath())
+    except (CoordinationUnavailable, RuntimeError) as exc:
+        raise CommandError(str(exc)) from None
+    return 0
+
+
+def _start(args: argparse.Namespace) -> int:
+    from ..cluster.coordination_service import CoordinationService, CoordinationServiceError
+    from ..cluster.zookeeper_jars import (
+        CoordinationUnavailable,
+        cached_classpath,
+        java_executable,
+        zookeeper_classpath,
+    )
+
+    host, port = args.listen
+    service = CoordinationService(args.data_dir, host, port, heap_mb=args.heap_mb)
+    try:
+        try:
+            service.java = java_executable()
+            if cached_classpath() is None:
+                print("oncelog: resolving ZooKeeper's jars with Maven (first use only)", file=sys.stderr,
+                      flush=True)
+            service.classpath = zookeeper_classpath()
+            service.start(args.start_timeout)
+        except (CoordinationUnavailable, CoordinationServiceError) as exc:
+            raise CommandError(str(exc)) from None
+        except (OSError, RuntimeError) as exc:
+            raise CommandError(f"cannot start the coordination service on {host}:{port}: {exc}") from None
+        pid = service.pid
+        print(f"oncelog coordination ready at {service.servers}", flush=True)
+        code = service.wait()
+        raise CommandError(f"ZooKeeper (pid {pid}) exited on its own with code {code}; "
+                           f"the end of its log:\n{service.log_tail()}")
+    except KeyboardInterrupt:       # SIGTERM or Ctrl-C (cli_commands.run turns both into KeyboardInterrupt)
+        service.stop()
+        return 0
+    finally:
+        service.kill()              # a no-op after stop(); else no JVM is left behind on any way out

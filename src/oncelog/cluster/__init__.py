@@ -1,0 +1,1 @@
+"""Cluster mode: the coordination service (ZooKeeper) brokers keep their metadata on, and what runs on it."""
