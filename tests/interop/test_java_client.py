@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.integration.helpers import Out, ck_consume, ck_produce, create_topic, expected_records, fetch_raw
+from tests.integration.helpers import (
+    Out,
+    ck_consume,
+    ck_produce,
+    create_topic,
+    expected_records,
+    fetch_raw,
+    metric,
+    scrape,
+)
 from tests.support.wire import Wire
 
 JAVA_DIR = Path(__file__).parent / "java"
@@ -574,3 +583,24 @@ def test_kip664_describe_producers_list_and_describe_transactions(java_jar, modu
         "0": [[0, "x-0"], [1, "x-1"], [2, "x-2"]],
         "1": [[0, "i-0"], [1, "i-1"], [run.value("hanging_producer_next_txn")[0], "y2-0"]],
     }
+
+
+# -- 6. KIP-320 position validation --------------------------------------------------------------------------
+
+
+def test_java_consumer_validates_a_seek_with_its_leader_epoch(java_jar, broker_factory, topic_name, watch_log):
+    """A seek with a leader epoch is checked with OffsetsForLeaderEpoch (v4) before the first fetch: inside epoch
+    0 it reads from there; past the epoch's end it detects truncation and moves to that end (auto.offset.reset
+    earliest only applies to an undefined end: an epoch the broker never had)."""
+    broker = broker_factory(metrics=True)
+    watch_log(broker)
+    create_topic(broker.bootstrap, topic_name, 1)
+    ck_produce(broker.bootstrap, topic_name, [Out(0, None, b"v%d" % i) for i in range(10)])
+    before = metric(scrape(broker.metrics_port), "oncelog_requests_total", api="OFFSET_FOR_LEADER_EPOCH")
+    run = run_java(java_jar, "epoch-validate", broker.bootstrap, topic=topic_name, end=10, seeks="5:0,100:0,5:3")
+    run.all_ok()
+    assert run.value("seek_5:0") == {"read": list(range(5, 10)), "position": 10}
+    assert run.value("seek_100:0") == {"read": [], "position": 10}
+    assert run.value("seek_5:3") == {"read": list(range(10)), "position": 10}
+    after = metric(scrape(broker.metrics_port), "oncelog_requests_total", api="OFFSET_FOR_LEADER_EPOCH")
+    assert after - before >= 3

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from ..storage.log_manager import LogManager
     from .delayed import PartitionWatchers
     from .metrics import BrokerMetrics
+    from .partition_access import PartitionAccess
 
 
 class ClientConnection(Protocol):
@@ -59,7 +60,10 @@ class RequestDispatcher(Protocol):
 
 
 class BrokerServices(Protocol):
-    """What the handlers take from the broker: identity, storage, coordinators, metrics, watchers."""
+    """What the handlers take from the broker: identity, storage, coordinators, metrics, watchers.
+
+    `partitions` decides which partitions this broker may serve and on what terms (leadership, leader epoch,
+    acks=all completion); handlers ask it rather than reading `logs` wherever leadership matters."""
 
     @property
     def config(self) -> BrokerConfig: ...
@@ -73,6 +77,8 @@ class BrokerServices(Protocol):
     def advertised(self) -> tuple[str, int]: ...
     @property
     def logs(self) -> LogManager: ...
+    @property
+    def partitions(self) -> PartitionAccess: ...
     @property
     def flusher(self) -> GroupCommitFlusher: ...
     @property

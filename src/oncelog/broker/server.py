@@ -24,6 +24,7 @@ from .delayed import PartitionWatchers
 from .dispatch import Dispatcher
 from .handlers import HANDLERS
 from .metrics import BrokerMetrics
+from .partition_access import LocalPartitionAccess, PartitionAccess
 
 log = logging.getLogger("oncelog.broker")
 
@@ -58,6 +59,8 @@ class Broker:
             fsync_enabled=config["oncelog.fsync.enable"], on_high_watermark=self._on_high_watermark
         )
         self.logs = LogManager(self.data_dir, config, self.flusher)
+        # Which partitions this broker serves and how acks=all completes: the single node leads them all.
+        self.partitions: PartitionAccess = LocalPartitionAccess(self.logs, self.flusher, self.node_id)
         self.producer_ids = ProducerIdManager(self.data_dir / "__oncelog_meta" / "producer-ids.json")
         self.txn_coordinator: TransactionCoordinator | None = None
         self.group_coordinator: GroupCoordinator | None = None

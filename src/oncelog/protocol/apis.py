@@ -31,6 +31,7 @@ class ApiKey(IntEnum):
     DELETE_TOPICS = 20
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
+    OFFSET_FOR_LEADER_EPOCH = 23
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
@@ -81,6 +82,7 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DELETE_TOPICS, 1, 6, 4),
         ApiSpec(ApiKey.DELETE_RECORDS, 0, 2, 2),
         ApiSpec(ApiKey.INIT_PRODUCER_ID, 0, 5, 2),
+        ApiSpec(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, 4),
         ApiSpec(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 3, 3),
         ApiSpec(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4, 3),
         ApiSpec(ApiKey.END_TXN, 0, 4, 3),

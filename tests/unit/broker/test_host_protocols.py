@@ -12,6 +12,7 @@ from pathlib import Path
 
 from oncelog.broker.connection import Connection, ConnectionHost
 from oncelog.broker.context import BrokerServices, ClientConnection, RequestDispatcher
+from oncelog.broker.partition_access import PartitionAccess
 from oncelog.broker.server import Broker
 from oncelog.config import load_broker_config
 from oncelog.coordinator.host import (
@@ -55,6 +56,7 @@ def test_a_started_broker_satisfies_every_host_protocol(tmp_path: Path) -> None:
             for protocol in (BrokerServices, ConnectionHost, TransactionHost, GroupHost):
                 assert missing(broker, protocol) == set(), protocol.__name__
             assert missing(broker.dispatcher, RequestDispatcher) == set()
+            assert missing(broker.partitions, PartitionAccess) == set()
             assert missing(broker.producer_ids, ProducerIdSource) == set()
             assert missing(broker.metrics, MetricsRegistry) == set()
             assert broker.txn_coordinator is not None and broker.group_coordinator is not None

@@ -1,5 +1,8 @@
 """Fetch: file regions behind a hand-built header, long-polled until min_bytes or max_wait.
 
+Each partition is served only where the partition access says this broker leads it at the leader epoch the
+request names (CurrentLeaderEpoch, v9+); otherwise the partition carries the error Kafka answers.
+
 Records are never parsed here. Each partition's data is a region of one segment file
 (or a few bytes read with pread when small), sent with sendfile by the connection.
 Fetch sessions (KIP-227) are not created: answering session id 0 makes every client
@@ -39,15 +42,16 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any) -> tuple[list[tuple[s
     has_error = False
     topics: list[tuple[str, list[FetchPartitionResponse]]] = []
     metrics = broker.metrics
+    access = broker.partitions
     consumed = conn.fetch_positions
     for topic in req.topics:
         parts: list[FetchPartitionResponse] = []
         topics.append((topic.name, parts))
         for fp in topic.partitions:
-            part = broker.logs.get_partition(topic.name, fp.partition)
-            if part is None:
+            part = access.leader(topic.name, fp.partition, fp.current_leader_epoch)
+            if isinstance(part, ErrorCode):
                 has_error = True
-                parts.append(_error_partition(fp.partition, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION))
+                parts.append(_error_partition(fp.partition, part))
                 continue
             key = (topic.name, fp.partition)
             previous = consumed.get(key)
@@ -84,7 +88,7 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any) -> tuple[list[tuple[s
                     error_code=int(error),
                     high_watermark=hwm,
                     last_stable_offset=lso,
-                    log_start_offset=plog.log_start_offset,
+                    log_start_offset=access.log_start_offset(part),
                     aborted_transactions=(
                         part.aborted_transactions(fp.fetch_offset, upper) if req.isolation_level else None
                     ),

@@ -15,19 +15,22 @@ LATEST, EARLIEST, MAX_TIMESTAMP = -1, -2, -3
 
 
 def lookup(broker: BrokerServices, topic: str, partition: int, timestamp: int, isolation: int,
-           from_client: bool = True) -> dict[str, Any]:
-    """One partition's answer. For a client (replica id -1) an offset found from record data (by timestamp, max
-    timestamp) counts only below the end that client may read, Kafka's lastFetchableOffset: the last stable
-    offset under read_committed, else the high watermark; at or past it the answer is "none" (-1), so no client
-    learns an offset it cannot fetch, e.g. inside a transaction that is still open."""
-    part = broker.logs.get_partition(topic, partition)
+           from_client: bool = True, current_leader_epoch: int = -1) -> dict[str, Any]:
+    """One partition's answer, from its leader only, at the leader epoch the request names (v4+). For a client
+    (replica id -1) an offset found from record data (by timestamp, max timestamp) counts only below the end
+    that client may read, Kafka's lastFetchableOffset: the last stable offset under read_committed, else the
+    high watermark; at or past it the answer is "none" (-1), so no client learns an offset it cannot fetch,
+    e.g. inside a transaction that is still open. The leader epoch answered is the one that wrote the offset
+    (for the latest offset, the current one), which clients keep to validate their position later."""
+    access = broker.partitions
+    part = access.leader(topic, partition, current_leader_epoch)
     out = {"partition_index": partition, "error_code": 0, "timestamp": -1, "offset": -1, "leader_epoch": -1}
-    if part is None:
-        out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    if isinstance(part, ErrorCode):
+        out["error_code"] = part
         return out
     plog = part.log
     if timestamp == EARLIEST:
-        out["offset"] = plog.log_start_offset
+        out["offset"] = access.log_start_offset(part)
     elif timestamp == LATEST:
         out["offset"] = part.last_stable_offset if isolation == 1 else plog.high_watermark
     elif timestamp == MAX_TIMESTAMP or timestamp >= 0:
@@ -41,7 +44,8 @@ def lookup(broker: BrokerServices, topic: str, partition: int, timestamp: int, i
     else:
         out["error_code"] = ErrorCode.INVALID_REQUEST
     if out["offset"] >= 0 and out["error_code"] == 0:
-        out["leader_epoch"] = 0
+        out["leader_epoch"] = (access.leader_epoch(topic, partition) if timestamp == LATEST
+                               else access.epoch_for_offset(part, out["offset"]))
     return out
 
 
@@ -52,7 +56,8 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     topics = [
         {
             "name": t.name,
-            "partitions": [lookup(broker, t.name, p.partition_index, p.timestamp, isolation, from_client)
+            "partitions": [lookup(broker, t.name, p.partition_index, p.timestamp, isolation, from_client,
+                                  p.current_leader_epoch if ctx.api_version >= 4 else -1)
                            for p in t.partitions],
         }
         for t in req.topics

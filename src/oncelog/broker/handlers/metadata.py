@@ -1,4 +1,5 @@
-"""Metadata: one broker that leads every partition; auto-creation on first request."""
+"""Metadata: topics with each partition's leader, epoch, replicas and ISR as the partition access describes
+them (the single node: itself, epoch 0); auto-creation on first request."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from .common import UNKNOWN_AUTHORIZED_OPERATIONS, find_topic_by_id, topic_uuid
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
+    from ..partition_access import PartitionView
 
 log = logging.getLogger("oncelog.metadata")
 
@@ -28,25 +30,27 @@ def topic_entry(broker: BrokerServices, name: str, error: int = 0) -> dict[str, 
             "partitions": [],
             "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
         }
-    node = broker.node_id
+    describe = broker.partitions.describe
     return {
         "error_code": 0,
         "name": name,
         "topic_id": topic_uuid(meta.topic_id),
         "is_internal": meta.internal,
-        "partitions": [
-            {
-                "error_code": 0,
-                "partition_index": p,
-                "leader_id": node,
-                "leader_epoch": 0,
-                "replica_nodes": [node],
-                "isr_nodes": [node],
-                "offline_replicas": [],
-            }
-            for p in range(meta.partitions)
-        ],
+        "partitions": [_partition_entry(p, describe(name, p)) for p in range(meta.partitions)],
         "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
+    }
+
+
+def _partition_entry(index: int, view: PartitionView) -> dict[str, Any]:
+    return {
+        # Kafka answers LEADER_NOT_AVAILABLE for a partition without a leader, with the rest filled in.
+        "error_code": 0 if view.leader >= 0 else ErrorCode.LEADER_NOT_AVAILABLE,
+        "partition_index": index,
+        "leader_id": view.leader,
+        "leader_epoch": view.leader_epoch,
+        "replica_nodes": view.replicas,
+        "isr_nodes": view.isr,
+        "offline_replicas": view.offline,
     }
 
 

@@ -1,4 +1,5 @@
-"""Produce: validate, append, and (acks=all) wait for the group-commit fsync.
+"""Produce: validate, append, and (acks=all) wait until the partition access says the write is acknowledged
+(the single node: the group-commit fsync; a replicated leader: the ISR has it on disk).
 
 Everything before the first await runs synchronously, in the order requests arrived
 on the connection, so a client's pipelined batches are appended in its order. The
@@ -68,6 +69,7 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     req = decode_produce_request(body, ctx.api_version)
     acks = req.acks
     metrics = broker.metrics
+    access = broker.partitions
     topics: list[tuple[str, list[_Slot]]] = []
     waits: list[tuple[_Slot, Any]] = []
     failed = False
@@ -82,12 +84,21 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             if acks not in (0, 1, -1):
                 slot.error = ErrorCode.INVALID_REQUIRED_ACKS
                 continue
-            part = broker.logs.get_partition(topic_name, index) if meta is not None else None
-            if part is None or (meta is not None and meta.internal):
-                slot.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if part is None else ErrorCode.INVALID_TOPIC_EXCEPTION
+            if meta is None:
+                slot.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
-            plog = part.log
-            slot.log_start_offset = plog.log_start_offset
+            if meta.internal:
+                slot.error = ErrorCode.INVALID_TOPIC_EXCEPTION
+                continue
+            part = access.leader(topic_name, index)
+            if isinstance(part, ErrorCode):
+                slot.error = part
+                continue
+            refused = access.check_append(part, acks)
+            if refused:
+                slot.error = refused
+                continue
+            slot.log_start_offset = access.log_start_offset(part)
             result = validate_produce(
                 records, meta.config, now, partition=f"{topic_name}-{index}", api_version=ctx.api_version
             )
@@ -116,7 +127,7 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
                 metrics.messages_in.labels(topic_name).inc(header.record_count)
             if acks == -1:
                 # A duplicate's original may still be on its way to disk: wait for it just the same.
-                waits.append((slot, broker.flusher.wait_durable(plog, appended.last_offset + 1)))
+                waits.append((slot, access.wait_acks_all(part, appended.last_offset + 1, req.timeout_ms)))
     for _, slots in topics:
         failed = failed or any(s.error for s in slots)
     if acks == 0:
@@ -130,7 +141,7 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             if isinstance(outcome, KafkaError):
                 slot.error, slot.message, slot.base_offset = outcome.code, outcome.message, -1
             elif isinstance(outcome, BaseException):
-                log.error("durability wait failed: %r", outcome)
+                log.error("acks=all wait failed: %r", outcome)
                 slot.error, slot.base_offset = ErrorCode.KAFKA_STORAGE_ERROR, -1
     responses = [(name, [s.response() for s in slots]) for name, slots in topics]
     return encode_produce_response(ctx.api_version, responses)

@@ -38,9 +38,9 @@ async def handle_describe_producers(broker: BrokerServices, ctx: RequestContext,
         parts = []
         for index in t.partition_indexes:
             out = {"partition_index": index, "error_code": 0, "error_message": None, "active_producers": []}
-            part = broker.logs.get_partition(t.name, index)
-            if part is None:
-                out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            part = broker.partitions.leader(t.name, index)  # producer state is the leader's to report
+            if isinstance(part, ErrorCode):
+                out["error_code"] = part
             else:
                 out["active_producers"] = [
                     {

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
@@ -17,23 +18,28 @@ log = logging.getLogger("oncelog.records")
 
 async def handle_delete_records(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DELETE_RECORDS, ctx.api_version, body)
+    access = broker.partitions
     topics = []
     moved = False
+    done: list[tuple[dict, Any, int]] = []  # (answer, partition, offset deleted before)
     for t in req.topics:
         parts = []
         meta = broker.logs.topics.get(t.name)
         for p in t.partitions:
             out = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": 0}
-            plog = broker.logs.get_log(t.name, p.partition_index)
+            part = access.leader(t.name, p.partition_index) if meta is not None else \
+                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             try:
-                if plog is None or meta is None:
-                    raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                if isinstance(part, ErrorCode):
+                    raise KafkaError(part)
                 if not meta.config.deletes:
                     raise KafkaError(ErrorCode.POLICY_VIOLATION, "Records of a compacted topic cannot be deleted")
+                plog = part.log
                 target = plog.high_watermark if p.offset == -1 else p.offset
                 if target < 0 or target > plog.high_watermark:
                     raise KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE)
                 out["low_watermark"] = plog.delete_records_before(target)
+                done.append((out, part, target))
                 moved = True
             except KafkaError as exc:
                 out["error_code"] = exc.code
@@ -50,4 +56,17 @@ async def handle_delete_records(broker: BrokerServices, ctx: RequestContext, bod
                     if out["error_code"] == 0:
                         out.update(error_code=ErrorCode.KAFKA_STORAGE_ERROR, low_watermark=-1)
             log.error("DeleteRecords: writing the log start offset checkpoint failed: %s", exc)
+            done = []
+    # A replicated leader answers once its replicas have moved their log start too (the single node: at once).
+    if done:
+        results = await asyncio.gather(*(access.wait_log_start(part, target, req.timeout_ms)
+                                         for _, part, target in done), return_exceptions=True)
+        for (out, _, _), result in zip(done, results, strict=True):
+            if isinstance(result, KafkaError):
+                out.update(error_code=result.code, low_watermark=-1)
+            elif isinstance(result, BaseException):
+                log.error("DeleteRecords: waiting for the replicas failed: %r", result)
+                out.update(error_code=ErrorCode.UNKNOWN_SERVER_ERROR, low_watermark=-1)
+            else:
+                out["low_watermark"] = result
     return encode_response(ApiKey.DELETE_RECORDS, ctx.api_version, {"throttle_time_ms": 0, "topics": topics})

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ErrorCode
+from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
 from .common import now_ms
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
+
+# Markers are written with acks=all, waited for as long as Kafka waits for them (its request.timeout.ms default).
+MARKER_ACK_TIMEOUT_MS = 30000
 
 
 async def handle_add_partitions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
@@ -88,21 +91,24 @@ async def handle_write_txn_markers(broker: BrokerServices, ctx: RequestContext, 
         for t in marker.topics:
             parts = []
             for index in t.partition_indexes:
-                part = broker.logs.get_partition(t.name, index)
-                if part is None:
-                    parts.append({"partition_index": index, "error_code": ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
+                part = broker.partitions.leader(t.name, index)
+                if isinstance(part, ErrorCode):
+                    parts.append({"partition_index": index, "error_code": part})
                     continue
                 result = part.append_marker(marker.producer_id, marker.producer_epoch, marker.transaction_result,
                                             marker.coordinator_epoch, now)
                 entry = {"partition_index": index, "error_code": result.error}
                 parts.append(entry)
                 if not result.error:
-                    waits.append((entry, broker.flusher.wait_durable(part.log, result.last_offset + 1)))
+                    waits.append((entry, broker.partitions.wait_acks_all(part, result.last_offset + 1,
+                                                                         MARKER_ACK_TIMEOUT_MS)))
             topics.append({"name": t.name, "partitions": parts})
         markers.append({"producer_id": marker.producer_id, "topics": topics})
     for entry, wait in waits:
         try:
             await wait
+        except KafkaError as exc:
+            entry["error_code"] = exc.code
         except Exception:
             entry["error_code"] = ErrorCode.KAFKA_STORAGE_ERROR
     return encode_response(ApiKey.WRITE_TXN_MARKERS, ctx.api_version, {"markers": markers})

@@ -145,6 +145,7 @@ public final class Interop {
                 case "groups" -> it.groups();
                 case "kip664" -> it.kip664();
                 case "produce-bench" -> it.produceBench();
+                case "epoch-validate" -> it.epochValidate();
                 default -> usage("unknown subcommand " + command);
             }
         } catch (Throwable t) {
@@ -650,6 +651,40 @@ public final class Interop {
             }
             return recs;
         });
+    }
+
+    /**
+     * KIP-320 position validation: seek with a leader epoch makes the consumer ask OffsetsForLeaderEpoch where
+     * that epoch ends before it fetches. For each --seeks entry "offset:epoch", the offsets read from there
+     * until the position reaches --end (or 8 s pass), and the position then. Without validation a seek past the
+     * end would be OFFSET_OUT_OF_RANGE and a reset to the beginning: everything read again.
+     */
+    void epochValidate() {
+        String topic = opts.get("topic");
+        long end = Long.parseLong(opts.get("end"));
+        TopicPartition tp = new TopicPartition(topic, 0);
+        for (String seek : opts.get("seeks").split(",")) {
+            String[] parts = seek.split(":");
+            long offset = Long.parseLong(parts[0]);
+            int epoch = Integer.parseInt(parts[1]);
+            step("seek_" + seek, () -> {
+                List<Long> read = new ArrayList<>();
+                try (KafkaConsumer<byte[], byte[]> c = consumer(null, "read_uncommitted", Map.of())) {
+                    c.assign(List.of(tp));
+                    c.seek(tp, new OffsetAndMetadata(offset, Optional.of(epoch), ""));
+                    long deadline = System.currentTimeMillis() + 8_000;
+                    while (System.currentTimeMillis() < deadline) {
+                        for (ConsumerRecord<byte[], byte[]> r : c.poll(Duration.ofMillis(200))) {
+                            read.add(r.offset());
+                        }
+                        if (c.position(tp) == end) {
+                            break;
+                        }
+                    }
+                    return obj("read", read, "position", c.position(tp));
+                }
+            });
+        }
     }
 
     // ------------------------------------------------------------------------------------------------------------
