@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from ..errors import ErrorCode, KafkaError
-from ..records.batch import BatchHeader, read_header
+from ..records.batch import BatchHeader, read_header, set_leader_epoch
 from ..records.control import ControlRecordError, build_marker, parse_marker
 from ..records.reader import Batch, iter_batches, read_batches
 from .checkpoints import CorruptCheckpointError
@@ -51,6 +51,10 @@ class Partition:
         self.producers = ProducerStateManager(plog.directory, plog.name, max_producer_batches)
         self.txn_index = TxnIndex(plog.directory, plog.name)
         self.leader_epochs = self._load_leader_epochs()
+        # The leader epoch this replica leads at, stamped into every batch it appends as leader (Kafka's
+        # partitionLeaderEpoch), so followers and consumers learn which epoch wrote what. Set by the replica
+        # manager when it becomes leader; -1 (the single node): batches are appended as the client built them.
+        self.leader_epoch = -1
         # Set by the broker when a transaction coordinator runs: decides whether a transactional batch
         # belongs to its producer's ongoing transaction (KIP-890 part 1, a local call here).
         self.verify_transaction: Callable[[str | None, int, int, str, int], tuple[ErrorCode, str | None]] | None = None
@@ -161,6 +165,8 @@ class Partition:
             )
         if check.error:
             return AppendResult(check.error, check.message)
+        if self.leader_epoch >= 0:
+            set_leader_epoch(buf, 0, self.leader_epoch)  # not covered by the CRC
         try:
             base = self.log.append(buf, header)
         except KafkaError as exc:
@@ -177,7 +183,8 @@ class Partition:
         check = self.producers.check_marker(producer_id, epoch, coordinator_epoch)
         if check.error:
             return AppendResult(check.error, check.message)
-        buf = build_marker(producer_id, epoch, commit, coordinator_epoch, now_ms)
+        buf = build_marker(producer_id, epoch, commit, coordinator_epoch, now_ms,
+                           partition_leader_epoch=self.leader_epoch)
         header = read_header(buf)
         try:
             offset = self.log.append(buf, header)
@@ -185,6 +192,33 @@ class Partition:
             return AppendResult(exc.code, exc.message)
         self._apply_marker(producer_id, epoch, commit, coordinator_epoch, offset, now_ms, now_ms)
         return AppendResult(base_offset=offset, last_offset=offset)
+
+    def append_replicated(self, buf, header: BatchHeader, now_ms: int) -> None:
+        """A follower appends one of its leader's batches as it is: offsets already assigned (its base offset
+        must be this log's end), producer state and the transaction index fed exactly as recovery replays a
+        log (every data batch recorded with its sequences, the cache of the last batches included, so a new
+        leader answers retries as the old one would; every marker closes its transaction), and a batch of a
+        newer leader epoch starts that epoch in the leader-epoch cache. `buf` is exactly the batch, writable;
+        its CRC is the caller's to check. KafkaError: OFFSET_OUT_OF_RANGE for a batch that does not start at
+        the log end, or what the log's append raises."""
+        end = self.log.log_end_offset
+        if header.base_offset != end:
+            raise KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                             f"{self.name}: replicated batch at {header.base_offset} does not start at the "
+                             f"log end {end}")
+        base = self.log.append(buf, header)
+        epoch = header.leader_epoch
+        if epoch > self.leader_epochs.latest_epoch:
+            self.leader_epochs.assign(epoch, base)
+        if not header.is_control:
+            self.producers.record(header, base, now_ms)
+            return
+        try:
+            marker = parse_marker(buf)
+        except ControlRecordError:
+            return  # another kind of control batch: nothing for producer state
+        self._apply_marker(marker.producer_id, marker.producer_epoch, marker.commit, marker.coordinator_epoch,
+                           base, now_ms, marker.timestamp)
 
     def _apply_marker(self, producer_id: int, epoch: int, commit: bool, coordinator_epoch: int, offset: int,
                       now_ms: int, timestamp: int) -> None:
