@@ -1,0 +1,966 @@
+"""Cluster metadata on ZooKeeper: the znode layout of docs/cluster.md §2, its writes, its watches, the session.
+
+This is the only module that imports kazoo. It owns:
+
+- the layout under a chroot (default /oncelog) and its JSON values, each with a `version` field;
+- broker registration (an ephemeral znode whose czxid is the broker epoch), the controller seat (an ephemeral
+  /controller created together with the increment of /controller_epoch, in one transaction), and every write the
+  controller and partition leaders make: compare-and-set on the znode version, and for the controller a check of
+  /controller_epoch's version in the same multi-op, so a deposed controller's writes fail as a unit;
+- watches that re-read what changed and apply it to the `MetadataImage`, on the asyncio loop;
+- the session: CONNECTED / SUSPENDED / LOST as kazoo reports them, the lease of §5.4, and after a new session the
+  re-registration (a new broker epoch) and a full read.
+
+Threads: kazoo runs its own threads; its watch, state and completion callbacks only hand work to the event loop
+(`call_soon_threadsafe`), where the image is updated. Calls on the loop use kazoo's `*_async` variants bridged to
+asyncio futures; the few blocking calls (starting and stopping the client) run in the default executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    OperationTimeoutError,
+    RolledBackError,
+    RuntimeInconsistency,
+    SessionExpiredError,
+)
+from kazoo.protocol.states import EventType, KazooState, ZnodeStat
+
+from .connect import parse_connect
+from .metadata_image import (
+    NO_CONTROLLER,
+    BrokerInfo,
+    MetadataImage,
+    PartitionAssignment,
+    PartitionState,
+    TopicDeletion,
+    TopicInfo,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHROOT = "/oncelog"
+FORMAT_VERSION = 1
+CONNECTED, SUSPENDED, LOST = "CONNECTED", "SUSPENDED", "LOST"
+
+BROKERS = "/brokers/ids"
+CONTROLLER = "/controller"
+CONTROLLER_EPOCH = "/controller_epoch"
+CLUSTER_ID = "/cluster_id"
+TOPICS = "/topics"
+TOPIC_CONFIGS = "/configs/topics"
+DELETING = "/deleting"
+
+_CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
+
+
+# ---- errors ------------------------------------------------------------------------------------------------------
+
+class StoreError(Exception):
+    """A metadata write or read that did not happen."""
+
+
+class StoreUnavailable(StoreError):
+    """No usable session: not started, not connected (SUSPENDED/LOST), or the request timed out."""
+
+
+class StaleVersion(StoreError):
+    """A compare-and-set lost: the znode changed (or vanished) since the version the writer read."""
+
+
+class NotController(StoreError):
+    """The controller-epoch check failed: another controller was elected since this one's epoch."""
+
+
+class TopicExists(StoreError):
+    """The topic znode already exists."""
+
+
+class UnknownTopic(StoreError):
+    """The topic znode does not exist."""
+
+
+class BrokerIdInUse(StoreError):
+    """node.id is registered by a live broker under another session."""
+
+
+# ---- clock -------------------------------------------------------------------------------------------------------
+
+def _clock() -> float:
+    """Seconds that keep counting while the machine is suspended (CLOCK_BOOTTIME), so a lease measured with
+    it can only expire early, never late."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        try:
+            return time.clock_gettime(boottime)
+        except OSError:
+            pass
+    return time.monotonic()
+
+
+# ---- JSON codecs -------------------------------------------------------------------------------------------------
+
+def encode_topic_id(topic_id: bytes) -> str:
+    """Kafka's Uuid string form: URL-safe base64 without padding."""
+    return base64.urlsafe_b64encode(topic_id).decode().rstrip("=")
+
+
+def decode_topic_id(text: str) -> bytes:
+    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
+
+
+def new_cluster_id() -> str:
+    return encode_topic_id(uuid.uuid4().bytes)
+
+
+def _dump(value: dict[str, Any]) -> bytes:
+    return json.dumps({"version": FORMAT_VERSION, **value}, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _load(data: bytes | None) -> dict[str, Any]:
+    value = json.loads(data or b"{}")
+    if not isinstance(value, dict):
+        raise ValueError("not a JSON object")
+    return value
+
+
+def _state_json(state: PartitionState) -> bytes:
+    return _dump({"leader": state.leader, "leader_epoch": state.leader_epoch, "isr": list(state.isr),
+                  "controller_epoch": state.controller_epoch, "log_start_floor": state.log_start_floor})
+
+
+def _state_from(data: bytes, stat: ZnodeStat) -> PartitionState:
+    v = _load(data)
+    return PartitionState(int(v["leader"]), int(v["leader_epoch"]), tuple(int(r) for r in v["isr"]),
+                          int(v.get("controller_epoch", 0)), stat.version, int(v.get("log_start_floor", 0)))
+
+
+def _topic_json(topic_id: bytes, assignment: Mapping[int, PartitionAssignment]) -> bytes:
+    return _dump({
+        "topic_id": encode_topic_id(topic_id),
+        "replicas": {str(p): list(a.replicas) for p, a in sorted(assignment.items())},
+        "adding": {str(p): list(a.adding) for p, a in sorted(assignment.items()) if a.adding},
+        "removing": {str(p): list(a.removing) for p, a in sorted(assignment.items()) if a.removing},
+    })
+
+
+def _topic_from(name: str, data: bytes, stat: ZnodeStat) -> TopicInfo:
+    v = _load(data)
+    adding, removing = v.get("adding", {}), v.get("removing", {})
+    assignment = {
+        int(p): PartitionAssignment(tuple(int(r) for r in replicas), tuple(int(r) for r in adding.get(p, ())),
+                                    tuple(int(r) for r in removing.get(p, ())))
+        for p, replicas in v["replicas"].items()
+    }
+    return TopicInfo(name, decode_topic_id(v["topic_id"]), assignment, stat.version, stat.czxid)
+
+
+def _deletion_json(pending: Mapping[bytes, Sequence[int]]) -> bytes:
+    return _dump({"topics": [{"topic_id": encode_topic_id(t), "replicas": sorted(set(r))}
+                             for t, r in pending.items()]})
+
+
+def _deletion_from(name: str, data: bytes, stat: ZnodeStat) -> TopicDeletion:
+    v = _load(data)
+    pending = {decode_topic_id(e["topic_id"]): tuple(int(r) for r in e["replicas"]) for e in v.get("topics", [])}
+    return TopicDeletion(name, pending, stat.version, stat.czxid)
+
+
+def _as_assignment(value: PartitionAssignment | Sequence[int]) -> PartitionAssignment:
+    return value if isinstance(value, PartitionAssignment) else PartitionAssignment(tuple(value))
+
+
+@dataclass(frozen=True)
+class _Registration:
+    node_id: int
+    host: str
+    port: int
+    rack: str | None
+    instance_id: str | None
+    extra: dict[str, Any]
+
+
+# ---- the store ---------------------------------------------------------------------------------------------------
+
+class MetadataStore:
+    """One broker's ZooKeeper session: its registration, its writes, and the watches that feed its image."""
+
+    def __init__(
+        self,
+        connect: str,
+        session_timeout_ms: int,
+        loop: asyncio.AbstractEventLoop,
+        image: MetadataImage,
+        chroot: str = DEFAULT_CHROOT,
+    ) -> None:
+        parsed = parse_connect(connect)
+        self.connect = connect
+        self.servers = parsed.servers
+        self.root = (parsed.chroot or chroot).rstrip("/")
+        self.session_timeout_ms = session_timeout_ms
+        self.loop = loop
+        self.image = image
+        self.cluster_id = ""
+        self.state = LOST
+        self.broker_epoch: int | None = None
+        self.fatal_error: BaseException | None = None
+        self._client: KazooClient | None = None
+        self._session_id: int | None = None
+        self._registration: _Registration | None = None
+        self._controller: tuple[int, int] | None = None       # (controller epoch, /controller_epoch znode version)
+        self._listeners: list[Callable[[str], None]] = []
+        self._tasks: set[asyncio.Task] = set()
+        self._confirmed_at = float("-inf")
+        self._confirmed_session: int | None = None
+        self._lease_task: asyncio.Task | None = None
+        self._resync_task: asyncio.Task | None = None
+        self._closing = False
+        self._data_watch = self._on_watch                       # one callable per kind: kazoo keeps a set per path
+        self._child_watch = self._on_child_watch
+
+    # ---- paths -----------------------------------------------------------------------------------------------
+
+    def _p(self, rel: str) -> str:
+        return self.root + rel
+
+    @staticmethod
+    def topic_path(topic: str) -> str:
+        return f"{TOPICS}/{topic}"
+
+    @staticmethod
+    def state_path(topic: str, partition: int) -> str:
+        return f"{TOPICS}/{topic}/partitions/{partition}/state"
+
+    @property
+    def timeout_s(self) -> float:
+        return self.session_timeout_ms / 1000.0
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
+
+    def on_state_change(self, listener: Callable[[str], None]) -> None:
+        """`listener(state)` on the loop at each change of `state`; CONNECTED comes after the image is re-read."""
+        self._listeners.append(listener)
+
+    async def start(self, timeout_s: float, cluster_id: str | None = None) -> None:
+        """Connect (retrying with backoff and logging while the service is unreachable), create the layout,
+        create the cluster id if absent (`cluster_id` proposes one), read the whole image and set its watches.
+        Raises StoreUnavailable if no session opened within `timeout_s`."""
+        deadline = self.loop.time() + timeout_s
+        self._client = KazooClient(
+            hosts=self.servers, timeout=self.timeout_s,
+            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2,
+                              "max_delay": max(0.2, self.timeout_s / 6)},
+        )
+        self._client.add_listener(self._on_kazoo_state)
+        await self.loop.run_in_executor(None, self._client.start_async)
+        report_every = 1.0
+        while not self._client.connected:
+            remaining = deadline - self.loop.time()
+            if remaining <= 0:
+                await self.close()
+                raise StoreUnavailable(f"no ZooKeeper session with {self.servers} after {timeout_s:.0f}s")
+            try:
+                await asyncio.wait_for(self._wait_kazoo_connected(), min(remaining, report_every))
+            except TimeoutError:
+                log.warning("coordination service %s unreachable for %.0fs; retrying (gives up after %.0fs)",
+                            self.servers, timeout_s - (deadline - self.loop.time()), timeout_s)
+                report_every = 5.0
+        self._session_id = self._client.client_id[0] if self._client.client_id else None
+        self._confirmed_at, self._confirmed_session = _clock(), self._session_id
+        await self._ensure_layout(cluster_id)
+        await self._full_read()
+        self._set_state(CONNECTED)
+        self._lease_task = self.loop.create_task(self._confirm_loop())
+        log.info("metadata store connected to %s%s, cluster id %s", self.servers, self.root, self.cluster_id)
+
+    async def _wait_kazoo_connected(self) -> None:
+        while self._client is not None and not self._client.connected:
+            await asyncio.sleep(0.05)
+
+    async def close(self) -> None:
+        """End the session (ephemeral znodes go at once) and stop kazoo's threads."""
+        self._closing = True
+        for task in [self._lease_task, self._resync_task, *self._tasks]:
+            if task is not None and not task.done():
+                task.cancel()
+        client, self._client = self._client, None
+        if client is not None:
+            def stop() -> None:
+                try:
+                    client.stop()
+                finally:
+                    client.close()
+            await self.loop.run_in_executor(None, stop)
+        self._registration = None
+        self._controller = None
+        self.broker_epoch = None
+        self.state = LOST
+
+    async def _ensure_layout(self, cluster_id: str | None) -> None:
+        for rel in ("", BROKERS, TOPICS, TOPIC_CONFIGS, DELETING):
+            await self._call(self._kz().ensure_path_async(self._p(rel) or "/"))
+        try:
+            await self._call(self._kz().create_async(self._p(CONTROLLER_EPOCH), _dump({"controller_epoch": 0})))
+        except NodeExistsError:
+            pass
+        proposed = cluster_id or new_cluster_id()
+        try:
+            await self._call(self._kz().create_async(self._p(CLUSTER_ID), _dump({"id": proposed})))
+        except NodeExistsError:
+            pass
+        data, _ = await self._call(self._kz().get_async(self._p(CLUSTER_ID)))
+        self.cluster_id = str(_load(data)["id"])
+        self.image.apply_cluster_id(self.cluster_id)
+
+    def _kz(self) -> KazooClient:
+        if self._client is None:
+            raise StoreUnavailable("the metadata store is not started")
+        return self._client
+
+    # ---- bridging kazoo to asyncio ---------------------------------------------------------------------------
+
+    async def _call(self, async_result: Any, timeout: float | None = None) -> Any:
+        """Await a kazoo IAsyncResult on the loop; a successful answer also confirms the session (the lease).
+        A lost connection, an expired session or no answer within the session timeout is StoreUnavailable."""
+        future = self.loop.create_future()
+        started, session = _clock(), self._session_id
+
+        def settle(value: Any, error: BaseException | None) -> None:
+            if future.done():
+                return
+            if error is None:
+                future.set_result(value)
+                if session is not None and session == self._session_id:
+                    self._confirmed_at = max(self._confirmed_at, started)
+            else:
+                future.set_exception(error)
+
+        def done(result: Any) -> None:      # kazoo's thread
+            try:
+                value, error = result.get_nowait(), None
+            except BaseException as exc:   # noqa: BLE001 - handed to the awaiting coroutine
+                value, error = None, exc
+            try:
+                self.loop.call_soon_threadsafe(settle, value, error)
+            except RuntimeError:           # the loop is closed: nobody waits any more
+                pass
+
+        async_result.rawlink(done)
+        try:
+            return await asyncio.wait_for(future, timeout if timeout is not None else self.timeout_s)
+        except _CONNECTION_ERRORS as exc:
+            raise StoreUnavailable(f"ZooKeeper request failed: {exc!r}") from exc
+        except TimeoutError as exc:
+            raise StoreUnavailable("ZooKeeper request timed out") from exc
+
+    async def _commit(self, build: Callable[[Any], None], controller_epoch: int | None) -> list[Any]:
+        """One multi-op; with `controller_epoch`, first the check that this controller's epoch is current.
+        Returns the results; raises NotController when the check failed, else the first failing op's error."""
+        if controller_epoch is not None:
+            if self._controller is None or self._controller[0] != controller_epoch:
+                raise NotController(f"controller epoch {controller_epoch} is not held by this broker")
+        txn = self._kz().transaction()
+        if controller_epoch is not None:
+            assert self._controller is not None
+            txn.check(self._p(CONTROLLER_EPOCH), self._controller[1])
+        build(txn)
+        results = await self._call(txn.commit_async())
+        failures = [r for r in results if isinstance(r, Exception)]
+        if not failures:
+            return results
+        if controller_epoch is not None and isinstance(results[0], (BadVersionError, NoNodeError)):
+            self._controller = None
+            raise NotController(f"controller epoch {controller_epoch} is no longer current")
+        first = next(r for r in failures if not isinstance(r, (RolledBackError, RuntimeInconsistency)))
+        raise first
+
+    def _require_connected(self) -> None:
+        if self.state != CONNECTED or self._client is None:
+            raise StoreUnavailable(f"ZooKeeper session is {self.state}")
+
+    # ---- session state ---------------------------------------------------------------------------------------
+
+    def _on_kazoo_state(self, state: str) -> None:    # kazoo's thread
+        try:
+            self.loop.call_soon_threadsafe(self._kazoo_state_changed, state)
+        except RuntimeError:
+            pass
+
+    def _kazoo_state_changed(self, state: str) -> None:
+        if self._closing or self._client is None:
+            return
+        if state == KazooState.SUSPENDED:
+            log.warning("ZooKeeper connection lost; session may still be alive (SUSPENDED)")
+            self._set_state(SUSPENDED)
+        elif state == KazooState.LOST:
+            log.warning("ZooKeeper session expired (LOST): registration and controller seat are gone")
+            self._controller = None
+            self.broker_epoch = None
+            self._confirmed_session = None
+            self._set_state(LOST)
+        elif state == KazooState.CONNECTED:
+            client_id = self._client.client_id
+            session = client_id[0] if client_id else None
+            if self._session_id is None:        # start() handles the first session
+                return
+            if self._resync_task is not None and not self._resync_task.done():
+                self._resync_task.cancel()
+            self._resync_task = self.loop.create_task(self._resync(new_session=session != self._session_id,
+                                                                   session=session))
+
+    async def _resync(self, new_session: bool, session: int | None) -> None:
+        """After a reconnect kazoo has dropped every watch: read everything again. After a new session (the old
+        one expired) register again first, which gives this broker a new epoch."""
+        try:
+            if new_session:
+                self._session_id = session
+                self._controller = None
+                log.info("new ZooKeeper session %s after expiry: registering again and re-reading metadata",
+                         hex(session or 0))
+            self._confirmed_at, self._confirmed_session = _clock(), self._session_id
+            if new_session and self._registration is not None:
+                await self._register(self._registration)
+            await self._full_read()
+            if self._client is not None and self._client.connected:
+                self._set_state(CONNECTED)
+        except asyncio.CancelledError:
+            raise
+        except BrokerIdInUse as exc:
+            log.error("cannot register again: %s", exc)
+            self.fatal_error = exc
+            self._set_state(LOST)
+        except Exception:
+            log.exception("re-reading metadata after reconnect failed; will retry on the next connection")
+
+    def _set_state(self, state: str) -> None:
+        if state == self.state:
+            return
+        self.state = state
+        for listener in list(self._listeners):
+            try:
+                listener(state)
+            except Exception:
+                log.exception("metadata store state listener failed")
+
+    def lease_valid(self) -> bool:
+        """Whether acks=all may still be acknowledged (docs/cluster.md §5.4): the session is not known lost and
+        the last confirmed round trip started less than session timeout × 2/3 ago. ZooKeeper cannot expire the
+        session before a full session timeout after it last heard from us, which is after that start."""
+        if self.state == LOST or self._confirmed_session is None or self._confirmed_session != self._session_id:
+            return False
+        return _clock() - self._confirmed_at < self.timeout_s * 2 / 3
+
+    async def _confirm_loop(self) -> None:
+        """Confirm the session every session timeout / 3 (the lease's heartbeat)."""
+        interval = self.timeout_s / 3
+        while not self._closing:
+            await asyncio.sleep(interval)
+            if self._client is None or not self._client.connected:
+                continue
+            try:
+                await self._call(self._kz().exists_async(self._p(CONTROLLER_EPOCH)), timeout=interval)
+            except (KazooException, StoreError):
+                pass
+
+    # ---- registration ----------------------------------------------------------------------------------------
+
+    async def register_broker(self, node_id: int, host: str, port: int, rack: str | None = None, *,
+                              instance_id: str | None = None, extra: Mapping[str, Any] | None = None) -> int:
+        """Create /brokers/ids/<node_id> (ephemeral) and return the broker epoch (its czxid).
+
+        `instance_id` names this broker's storage (the same across restarts). A registration left by a previous
+        session of the same broker (same instance id, or same host:port when no id is given) is waited out, at
+        most the session timeout plus one second, as after a kill -9; any other live registration raises
+        BrokerIdInUse naming its host:port. Registers again by itself after a session expiry."""
+        self._require_connected()
+        reg = _Registration(node_id, host, port, rack, instance_id, dict(extra or {}))
+        epoch = await self._register(reg)
+        self._registration = reg
+        return epoch
+
+    async def _register(self, reg: _Registration) -> int:
+        path = self._p(f"{BROKERS}/{reg.node_id}")
+        value = _dump({"host": reg.host, "port": reg.port, "rack": reg.rack, "instance_id": reg.instance_id,
+                       "timestamp": int(time.time() * 1000), **reg.extra})
+        deadline: float | None = None
+        while True:
+            try:
+                _, stat = await self._call(self._kz().create_async(path, value, ephemeral=True, include_data=True))
+                break
+            except NodeExistsError:
+                pass
+            try:
+                data, stat = await self._call(self._kz().get_async(path))
+            except NoNodeError:
+                continue
+            if stat.ephemeralOwner == self._session_id:       # ours already (a create answered after a reconnect)
+                break
+            held = _load(data)
+            where = f"{held.get('host')}:{held.get('port')}"
+            same = (held.get("instance_id") == reg.instance_id if reg.instance_id is not None
+                    else (held.get("host"), held.get("port")) == (reg.host, reg.port))
+            if not same:
+                raise BrokerIdInUse(f"node.id {reg.node_id} is registered by a live broker at {where}")
+            now = self.loop.time()
+            if deadline is None:
+                deadline = now + self.timeout_s + 1.0
+                log.warning("node.id %d is still registered by a previous session of this broker (%s); waiting up "
+                            "to %.1fs for ZooKeeper to expire it", reg.node_id, where, deadline - now)
+            if now >= deadline:
+                raise BrokerIdInUse(f"node.id {reg.node_id} is registered by a live broker at {where} "
+                                    f"(its session did not expire within {self.timeout_s:.1f}s)")
+            await asyncio.sleep(min(0.2, max(0.01, deadline - now)))
+        self.broker_epoch = stat.czxid
+        self.image.apply_broker(BrokerInfo(reg.node_id, reg.host, reg.port, reg.rack, stat.czxid))
+        log.info("registered node.id %d at %s:%d, broker epoch %d", reg.node_id, reg.host, reg.port, stat.czxid)
+        await self._read_broker(reg.node_id)          # arms the watch on our own registration
+        return stat.czxid
+
+    # ---- controller seat -------------------------------------------------------------------------------------
+
+    @property
+    def controller_epoch(self) -> int | None:
+        """The controller epoch this broker holds, or None."""
+        return None if self._controller is None else self._controller[0]
+
+    async def try_become_controller(self, node_id: int, broker_epoch: int) -> int | None:
+        """Take /controller if it is free, and bump /controller_epoch in the same transaction.
+        Returns the new controller epoch, or None when another broker holds the seat."""
+        self._require_connected()
+        for _ in range(10):
+            data, stat = await self._call(self._kz().get_async(self._p(CONTROLLER_EPOCH)))
+            epoch = int(_load(data)["controller_epoch"]) + 1
+
+            def build(txn: Any, epoch: int = epoch, version: int = stat.version) -> None:
+                txn.create(self._p(CONTROLLER), _dump({"broker_id": node_id, "broker_epoch": broker_epoch,
+                                                       "controller_epoch": epoch,
+                                                       "timestamp": int(time.time() * 1000)}), ephemeral=True)
+                txn.set_data(self._p(CONTROLLER_EPOCH), _dump({"controller_epoch": epoch}), version=version)
+
+            try:
+                results = await self._commit(build, None)
+            except NodeExistsError:
+                await self._read_controller()
+                return None
+            except BadVersionError:
+                continue                              # the epoch moved under us: read it again
+            self._controller = (epoch, results[1].version)
+            self.image.apply_controller(node_id, epoch)
+            log.info("node.id %d is the controller, epoch %d", node_id, epoch)
+            return epoch
+        return None
+
+    async def resign_controller(self, controller_epoch: int) -> None:
+        """Give the seat up (delete /controller) if this broker still holds it at `controller_epoch`."""
+        if self._controller is None or self._controller[0] != controller_epoch:
+            return
+        try:
+            await self._commit(lambda txn: txn.delete(self._p(CONTROLLER)), controller_epoch)
+        except (StoreError, KazooException):
+            pass
+        self._controller = None
+
+    # ---- controller writes -----------------------------------------------------------------------------------
+
+    async def create_topic(
+        self,
+        name: str,
+        topic_id: bytes,
+        assignment: Mapping[int, Sequence[int]],
+        configs: Mapping[str, str],
+        controller_epoch: int,
+        initial: Mapping[int, tuple[int, Sequence[int]]] | None = None,
+    ) -> TopicInfo:
+        """One multi-op: the controller-epoch check, the topic znode, every partition's state znode (leader =
+        first replica, epoch 0, ISR = all replicas, unless `initial` gives {partition: (leader, isr)}) and the
+        config znode. Raises TopicExists. Returns the topic as the image now holds it."""
+        self._require_connected()
+        parts = {p: PartitionAssignment(tuple(r)) for p, r in sorted(assignment.items())}
+
+        def build(txn: Any) -> None:
+            txn.create(self._p(self.topic_path(name)), _topic_json(topic_id, parts))
+            txn.create(self._p(f"{self.topic_path(name)}/partitions"), b"")
+            for p, a in parts.items():
+                leader, isr = (initial or {}).get(p, (a.replicas[0], a.replicas))
+                txn.create(self._p(f"{self.topic_path(name)}/partitions/{p}"), b"")
+                txn.create(self._p(self.state_path(name, p)),
+                           _state_json(PartitionState(leader, 0, tuple(isr), controller_epoch, 0)))
+            txn.create(self._p(f"{TOPIC_CONFIGS}/{name}"), _dump({"config": dict(configs)}))
+
+        try:
+            await self._commit(build, controller_epoch)
+        except NodeExistsError as exc:
+            raise TopicExists(f"Topic '{name}' already exists.") from exc
+        info = await self._read_topic(name, full=True)
+        if info is None:
+            raise UnknownTopic(f"topic {name} vanished right after its creation")
+        return info
+
+    async def write_partition_state(self, topic: str, partition: int, new: PartitionState, expected_version: int,
+                                    controller_epoch: int | None) -> int:
+        """CAS of a partition's state on `expected_version`. The controller passes its epoch (checked in the same
+        multi-op, and written into the state); a leader's ISR write passes None. Returns the new version and
+        applies the state to the image. Raises StaleVersion or NotController."""
+        self._require_connected()
+        path = self._p(self.state_path(topic, partition))
+        if controller_epoch is not None:
+            new = PartitionState(new.leader, new.leader_epoch, new.isr, controller_epoch, new.version,
+                                 new.log_start_floor)
+        try:
+            results = await self._commit(lambda txn: txn.set_data(path, _state_json(new), version=expected_version),
+                                         controller_epoch)
+        except (BadVersionError, NoNodeError) as exc:
+            raise StaleVersion(f"{topic}-{partition} state is no longer at version {expected_version}") from exc
+        stat = results[-1]
+        self.image.apply_partition_state(topic, partition, _replace_version(new, stat.version), stat.czxid)
+        return stat.version
+
+    async def write_assignment(
+        self,
+        topic: str,
+        assignment: Mapping[int, PartitionAssignment | Sequence[int]],
+        expected_version: int,
+        controller_epoch: int,
+        *,
+        new_partitions: Mapping[int, PartitionState] | None = None,
+        states: Mapping[int, tuple[PartitionState, int]] | None = None,
+    ) -> int:
+        """CAS of the topic znode (its whole assignment, with adding/removing), in one multi-op with the creation of
+        `new_partitions` (CreatePartitions) and CASes of `states` {partition: (state, expected version)} (the end
+        of a reassignment). Returns the topic znode's new version. Raises StaleVersion / NotController."""
+        self._require_connected()
+        held = self.image.topics.get(topic)
+        if held is None:
+            raise UnknownTopic(topic)
+        parts = {p: _as_assignment(a) for p, a in assignment.items()}
+        new_partitions = dict(new_partitions or {})
+        states = dict(states or {})
+        if not set(new_partitions) <= set(parts) - set(held.assignment):
+            raise ValueError(f"new partitions {sorted(new_partitions)} of {topic} must be in the assignment and new")
+
+        def build(txn: Any) -> None:
+            txn.set_data(self._p(self.topic_path(topic)), _topic_json(held.topic_id, parts), version=expected_version)
+            for p, state in sorted(new_partitions.items()):
+                txn.create(self._p(f"{self.topic_path(topic)}/partitions/{p}"), b"")
+                txn.create(self._p(self.state_path(topic, p)),
+                           _state_json(_with_epoch(state, controller_epoch)))
+            for p, (state, version) in sorted(states.items()):
+                txn.set_data(self._p(self.state_path(topic, p)), _state_json(_with_epoch(state, controller_epoch)),
+                             version=version)
+
+        try:
+            results = await self._commit(build, controller_epoch)
+        except (BadVersionError, NoNodeError, NodeExistsError) as exc:
+            raise StaleVersion(f"topic {topic} changed since version {expected_version}") from exc
+        stat = results[1]
+        self.image.apply_topic(TopicInfo(topic, held.topic_id, parts, stat.version, stat.czxid))
+        offset = 2 + 2 * len(new_partitions)
+        for i, (p, (state, _)) in enumerate(sorted(states.items())):
+            s = results[offset + i]
+            self.image.apply_partition_state(topic, p, _replace_version(_with_epoch(state, controller_epoch),
+                                                                        s.version), s.czxid)
+        if new_partitions:
+            await asyncio.gather(*(self._read_state(topic, p) for p in new_partitions))
+        return stat.version
+
+    async def delete_topic(self, name: str, controller_epoch: int, expected_version: int | None = None) -> None:
+        """One multi-op: the controller-epoch check, /deleting/<topic> (created, or its CAS) naming this topic id
+        and its replicas, and the removal of the topic's znodes and config. Raises UnknownTopic / StaleVersion."""
+        self._require_connected()
+        held = self.image.topics.get(name)
+        if held is None:
+            raise UnknownTopic(name)
+        replicas = sorted({r for a in held.assignment.values() for r in a.replicas})
+        deletion = self.image.deleting.get(name)
+        pending = dict(deletion.pending) if deletion is not None else {}
+        pending[held.topic_id] = tuple(replicas)
+        base = self._p(self.topic_path(name))
+
+        def build(txn: Any) -> None:
+            if deletion is None:
+                txn.create(self._p(f"{DELETING}/{name}"), _deletion_json(pending))
+            else:
+                txn.set_data(self._p(f"{DELETING}/{name}"), _deletion_json(pending), version=deletion.version)
+            for p in sorted(held.assignment):
+                txn.delete(f"{base}/partitions/{p}/state")
+                txn.delete(f"{base}/partitions/{p}")
+            txn.delete(f"{base}/partitions")
+            txn.delete(base, version=held.version if expected_version is None else expected_version)
+            txn.delete(self._p(f"{TOPIC_CONFIGS}/{name}"))
+
+        try:
+            await self._commit(build, controller_epoch)
+        except NoNodeError as exc:
+            await self._read_topic(name)
+            raise StaleVersion(f"topic {name} changed while being deleted") from exc
+        except (BadVersionError, NodeExistsError, NotEmptyError) as exc:
+            raise StaleVersion(f"topic {name} changed while being deleted") from exc
+        self.image.remove_topic(name, held.created)
+        await self._read_deletion(name)
+
+    async def set_topic_configs(self, topic: str, configs: Mapping[str, str], expected_version: int,
+                                controller_epoch: int) -> int:
+        """CAS of a topic's config overrides (the whole set). Returns the new version."""
+        self._require_connected()
+        path = self._p(f"{TOPIC_CONFIGS}/{topic}")
+        try:
+            results = await self._commit(
+                lambda txn: txn.set_data(path, _dump({"config": dict(configs)}), version=expected_version),
+                controller_epoch)
+        except (BadVersionError, NoNodeError) as exc:
+            raise StaleVersion(f"configs of {topic} changed since version {expected_version}") from exc
+        stat = results[-1]
+        self.image.apply_topic_configs(topic, configs, stat.version, stat.czxid)
+        return stat.version
+
+    async def complete_topic_deletion(self, topic: str, topic_id: bytes, node_id: int) -> None:
+        """A broker reports its copy of a deleted topic gone; the last one removes /deleting/<topic>."""
+        self._require_connected()
+        path = self._p(f"{DELETING}/{topic}")
+        for _ in range(20):
+            try:
+                data, stat = await self._call(self._kz().get_async(path))
+            except NoNodeError:
+                return
+            deletion = _deletion_from(topic, data, stat)
+            if node_id not in deletion.pending.get(topic_id, ()):
+                return
+            pending = dict(deletion.pending)
+            pending[topic_id] = tuple(r for r in pending[topic_id] if r != node_id)
+            pending = {t: r for t, r in pending.items() if r}
+            try:
+                if pending:
+                    await self._call(self._kz().set_async(path, _deletion_json(pending), version=stat.version))
+                else:
+                    await self._call(self._kz().delete_async(path, version=stat.version))
+                await self._read_deletion(topic)
+                return
+            except (BadVersionError, NoNodeError):
+                continue
+        raise StaleVersion(f"/deleting/{topic} kept changing")
+
+    # ---- reads (each sets its watch and applies to the image) ------------------------------------------------
+
+    async def refresh_brokers(self) -> None:
+        """Re-read /brokers/ids and every registration (a new controller does this first, §5.3)."""
+        await self._read_brokers()
+
+    async def read_partition_state(self, topic: str, partition: int) -> PartitionState | None:
+        """Re-read one state znode (after a lost CAS) and return what the image holds."""
+        await self._read_state(topic, partition)
+        return self.image.partition(topic, partition)
+
+    async def read_topic(self, name: str) -> TopicInfo | None:
+        return await self._read_topic(name, full=True)
+
+    async def _full_read(self) -> None:
+        with self.image.batch():
+            await asyncio.gather(self._read_brokers(), self._read_controller(), self._read_topics(full=True),
+                                 self._read_deletions())
+
+    async def _read_brokers(self) -> None:
+        try:
+            ids = await self._call(self._kz().get_children_async(self._p(BROKERS), watch=self._child_watch))
+        except NoNodeError:
+            ids = []
+        infos = await asyncio.gather(*(self._get_broker(int(i)) for i in ids if i.isdigit()))
+        self.image.apply_brokers([i for i in infos if i is not None])
+
+    async def _get_broker(self, node_id: int) -> BrokerInfo | None:
+        try:
+            data, stat = await self._call(self._kz().get_async(self._p(f"{BROKERS}/{node_id}"),
+                                                               watch=self._data_watch))
+        except NoNodeError:
+            return None
+        v = _load(data)
+        return BrokerInfo(node_id, str(v["host"]), int(v["port"]), v.get("rack"), stat.czxid)
+
+    async def _read_broker(self, node_id: int) -> None:
+        info = await self._get_broker(node_id)
+        if info is None:
+            self.image.remove_broker(node_id)
+        else:
+            self.image.apply_broker(info)
+
+    async def _read_controller(self) -> None:
+        path = self._p(CONTROLLER)
+        stat = await self._call(self._kz().exists_async(path, watch=self._data_watch))
+        if stat is None:
+            self.image.apply_controller(NO_CONTROLLER, self.image.controller_epoch)
+            return
+        try:
+            data, _ = await self._call(self._kz().get_async(path, watch=self._data_watch))
+        except NoNodeError:
+            self.image.apply_controller(NO_CONTROLLER, self.image.controller_epoch)
+            return
+        v = _load(data)
+        self.image.apply_controller(int(v["broker_id"]), int(v["controller_epoch"]))
+
+    async def _read_topics(self, full: bool = False) -> None:
+        names = await self._call(self._kz().get_children_async(self._p(TOPICS), watch=self._child_watch))
+        self.image.retain_topics(names)
+        todo = names if full else [n for n in names if n not in self.image.topics]
+        await asyncio.gather(*(self._read_topic(n, full=True) for n in todo))
+
+    async def _read_topic(self, name: str, full: bool = False) -> TopicInfo | None:
+        """Read a topic znode; then the states not yet held (all of them with `full`) and, with `full`, its
+        configs."""
+        held = self.image.topics.get(name)
+        try:
+            data, stat = await self._call(self._kz().get_async(self._p(self.topic_path(name)),
+                                                               watch=self._data_watch))
+        except NoNodeError:
+            self.image.remove_topic(name, held.created if held is not None else None)
+            return None
+        info = _topic_from(name, data, stat)
+        self.image.apply_topic(info)
+        current = self.image.topics.get(name)
+        if current is None:
+            return None
+        reads = [self._read_state(name, p) for p in current.assignment
+                 if full or (name, p) not in self.image.states]
+        if full:
+            reads.append(self._read_configs(name))
+        await asyncio.gather(*reads)
+        return self.image.topics.get(name)
+
+    async def _read_state(self, topic: str, partition: int) -> None:
+        try:
+            data, stat = await self._call(self._kz().get_async(self._p(self.state_path(topic, partition)),
+                                                               watch=self._data_watch))
+        except NoNodeError:
+            return                       # the topic is going: its znode watch removes it
+        self.image.apply_partition_state(topic, partition, _state_from(data, stat), stat.czxid)
+
+    async def _read_configs(self, topic: str) -> None:
+        try:
+            data, stat = await self._call(self._kz().get_async(self._p(f"{TOPIC_CONFIGS}/{topic}"),
+                                                               watch=self._data_watch))
+        except NoNodeError:
+            return
+        configs = {str(k): str(v) for k, v in _load(data).get("config", {}).items()}
+        self.image.apply_topic_configs(topic, configs, stat.version, stat.czxid)
+
+    def config_version(self, topic: str) -> int | None:
+        """The version of the topic's config znode as the image holds it (the CAS token for set_topic_configs)."""
+        return self.image.config_version(topic)
+
+    async def _read_deletions(self) -> None:
+        names = await self._call(self._kz().get_children_async(self._p(DELETING), watch=self._child_watch))
+        self.image.retain_deletions(names)
+        await asyncio.gather(*(self._read_deletion(n) for n in names))
+
+    async def _read_deletion(self, name: str) -> None:
+        try:
+            data, stat = await self._call(self._kz().get_async(self._p(f"{DELETING}/{name}"),
+                                                               watch=self._data_watch))
+        except NoNodeError:
+            self.image.remove_deletion(name)
+            return
+        self.image.apply_deletion(_deletion_from(name, data, stat))
+
+    # ---- watches ---------------------------------------------------------------------------------------------
+
+    def _on_watch(self, event: Any) -> None:         # kazoo's thread
+        self._hop(event, children=False)
+
+    def _on_child_watch(self, event: Any) -> None:   # kazoo's thread
+        self._hop(event, children=True)
+
+    def _hop(self, event: Any, children: bool) -> None:
+        if event.type == EventType.NONE or not event.path:
+            return                    # watches dropped by a disconnect: the reconnect re-reads everything
+        try:
+            self.loop.call_soon_threadsafe(self._dispatch, event.path, children)
+        except RuntimeError:
+            pass
+
+    def _dispatch(self, path: str, children: bool) -> None:
+        if self._closing or not path.startswith(self.root):
+            return
+        rel = path[len(self.root):]
+        parts = rel.strip("/").split("/")
+        read: Callable[[], Awaitable[Any]] | None = None
+        if rel == BROKERS:
+            read = self._read_brokers
+        elif rel.startswith(BROKERS + "/") and len(parts) == 3 and parts[2].isdigit():
+            read = functools.partial(self._read_broker, int(parts[2]))
+        elif rel == CONTROLLER:
+            read = self._read_controller
+        elif rel == TOPICS:
+            read = self._read_topics
+        elif parts[0] == "topics" and len(parts) == 2:
+            read = functools.partial(self._read_topic, parts[1])
+        elif parts[0] == "topics" and len(parts) == 5 and parts[4] == "state" and parts[3].isdigit():
+            read = functools.partial(self._read_state, parts[1], int(parts[3]))
+        elif rel.startswith(TOPIC_CONFIGS + "/") and len(parts) == 3:
+            read = functools.partial(self._read_configs, parts[2])
+        elif rel == DELETING:
+            read = self._read_deletions
+        elif parts[0] == "deleting" and len(parts) == 2:
+            read = functools.partial(self._read_deletion, parts[1])
+        if read is not None:
+            self._spawn(read, rel)
+
+    def _spawn(self, read: Callable[[], Awaitable[Any]], what: str) -> None:
+        """Run a re-read as a task; a connection failure is left to the reconnect, which re-reads everything."""
+        async def run() -> None:
+            try:
+                await read()
+            except asyncio.CancelledError:
+                raise
+            except StoreUnavailable:
+                pass
+            except Exception:
+                log.exception("re-reading %s after a watch failed", what)
+
+        task = self.loop.create_task(run())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    # ---- helpers for tests and tools -------------------------------------------------------------------------
+
+    @property
+    def session_id(self) -> int | None:
+        return self._session_id
+
+    def client_id(self) -> tuple[int, bytes] | None:
+        """kazoo's (session id, password): lets a test expire this session from another client."""
+        return None if self._client is None else self._client.client_id
+
+    async def dump(self, rel: str = "") -> dict[str, Any]:
+        """The JSON value of a znode (for tests and `oncelog` diagnostics)."""
+        data, _ = await self._call(self._kz().get_async(self._p(rel)))
+        return _load(data)
+
+    async def children(self, rel: str) -> list[str]:
+        return list(await self._call(self._kz().get_children_async(self._p(rel))))
+
+
+def _replace_version(state: PartitionState, version: int) -> PartitionState:
+    return PartitionState(state.leader, state.leader_epoch, state.isr, state.controller_epoch, version,
+                          state.log_start_floor)
+
+
+def _with_epoch(state: PartitionState, controller_epoch: int) -> PartitionState:
+    return PartitionState(state.leader, state.leader_epoch, state.isr, controller_epoch, state.version,
+                          state.log_start_floor)
