@@ -37,7 +37,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from .connect import connect_string
@@ -49,6 +49,8 @@ START_TIMEOUT_S = 60.0          # per member: JVM start, data load, election; an
 STOP_TIMEOUT_S = 30.0           # after SIGTERM, before SIGKILL
 HEAP_MB = 128
 TICK_TIME_MS = 500
+PROBE_SESSION_TIMEOUT_S = 5.0   # the readiness probe's session: also how long one connect attempt may wait
+PROBE_POLL_S = 0.2              # how often a readiness wait checks that the JVM still runs
 PORT_ATTEMPTS = 3               # fresh ports when a port picked free was taken before ZooKeeper bound it
 LOG_NAME = "zookeeper.log"
 CONFIG_NAME = "zoo.cfg"
@@ -120,20 +122,28 @@ def _quiet_logger() -> logging.Logger:
     return logger
 
 
-def session_opens(servers: str, timeout: float, session_timeout: float = 10.0) -> bool:
-    """Whether a ZooKeeper session to `servers` opens (and answers a read) within `timeout` seconds."""
+def session_opens(servers: str, timeout: float, alive: Callable[[], bool] | None = None) -> bool:
+    """Whether a ZooKeeper session to `servers` opens (and answers a read) within `timeout` seconds; False at
+    once when `alive()` turns false (the JVM being waited for exited).
+
+    One client keeps trying for the whole wait. Its session timeout (PROBE_SESSION_TIMEOUT_S) bounds each
+    connection attempt: kazoo waits that long for the answer to a connect request, so a server that accepted
+    the connection before it could serve costs one such wait, not kazoo's default ten seconds."""
     from kazoo.client import KazooClient
     from kazoo.exceptions import KazooException
-    from kazoo.handlers.threading import KazooTimeoutError
     from kazoo.retry import KazooRetry
 
-    client = KazooClient(hosts=servers, timeout=session_timeout, logger=_quiet_logger(),
+    client = KazooClient(hosts=servers, timeout=PROBE_SESSION_TIMEOUT_S, logger=_quiet_logger(),
                          connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=0.5))
+    deadline = time.monotonic() + timeout
     try:
-        client.start(timeout=max(timeout, 0.1))
+        connected = client.start_async()
+        while not connected.wait(min(PROBE_POLL_S, max(deadline - time.monotonic(), 0.0))):
+            if (alive is not None and not alive()) or time.monotonic() >= deadline:
+                return False
         client.exists("/")
         return True
-    except (KazooTimeoutError, KazooException):
+    except KazooException:
         return False
     finally:
         client.stop()
@@ -223,7 +233,6 @@ class Member:
         """Until a ZooKeeper session to this member opens. CoordinationServiceError (PortInUse when the log says a
         bind failed) if the JVM exits first or `timeout` passes."""
         deadline = time.monotonic() + timeout
-        window = 2.0        # how long one probe may take: bounds how late a JVM that died is noticed
         while True:
             if not self.alive():
                 self._raise_exited("exited during startup")
@@ -231,9 +240,8 @@ class Member:
             if remaining <= 0:
                 raise CoordinationServiceError(f"ZooKeeper member {self.member_id} ({self.address}) did not open "
                                                f"a session within {timeout:.0f} s:\n{self.log_tail()}")
-            if session_opens(self.address, min(window, remaining)):
+            if session_opens(self.address, remaining, self.alive):
                 return
-            window = min(window * 2, 10.0)
 
     def _raise_exited(self, what: str) -> None:
         code = self.proc.poll() if self.proc is not None else self.returncode
