@@ -209,3 +209,20 @@ def test_ready_only_once_serving(command, tmp_path):
         client.stop()
         client.close()
     assert time.monotonic() - t0 < 10
+
+
+def test_the_jvm_dies_with_a_killed_command(command, tmp_path):
+    """SIGKILL leaves the command no time to stop anything: the JVM goes with it (parent-death signal)."""
+    cmd = command(tmp_path / "zk")
+    cmd.ready_url()
+    jvm = cmd.jvm_pid()
+    cmd.proc.kill()
+    cmd.proc.wait(WAIT_S)
+    deadline = time.monotonic() + WAIT_S
+    try:
+        while not _gone(jvm):
+            assert time.monotonic() < deadline, f"ZooKeeper JVM {jvm} outlived its killed command"
+            time.sleep(0.1)
+    finally:
+        if not _gone(jvm):
+            os.kill(jvm, signal.SIGKILL)
