@@ -7,8 +7,9 @@ offset a client may be told, whether an acks=all append may start (min.insync.re
 
 `LocalPartitionAccess` is the single node: it leads every partition it holds at leader epoch 0 with the ISR
 {itself}, and "done" for acks=all means fsynced (the group-commit flusher). Its checks are one dict lookup and an
-int compare per partition, so the single node keeps its speed. The cluster implementation
-(`cluster/replica_manager.py`) answers the same questions from the metadata image and its follower tracking.
+int compare per partition, so the single node keeps its speed. `ReplicatedPartitionAccess` is cluster mode: it
+answers the same questions from the replica manager (`cluster/replica_manager.py`: roles from the metadata image,
+follower tracking, the replicated high watermark) and the image (Metadata).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Awaitable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from ..errors import ErrorCode
+from ..errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
+    from ..cluster.metadata_image import MetadataImage
+    from ..cluster.replica_manager import Replica, ReplicaManager
     from ..storage.flusher import GroupCommitFlusher
     from ..storage.log_manager import LogManager
     from ..storage.partition import Partition
@@ -92,6 +95,21 @@ class PartitionAccess(Protocol):
         """The leader epoch that wrote `offset` (ListOffsets answers it), -1 if unknown."""
         ...
 
+    def offsets_available(self, part: Partition) -> bool:
+        """False while a new leader's high watermark has not reached the start of its epoch: ListOffsets LATEST
+        then answers OFFSET_NOT_AVAILABLE (Kafka's rule) instead of an offset older than the last one given."""
+        ...
+
+    def appended(self, part: Partition) -> None:
+        """A produce appended to `part` (followers waiting in a fetch may go on at once)."""
+        ...
+
+    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int) -> ErrorCode | None:
+        """A fetch from the follower `replica_id` (fetch offset = its durable end, and its log start offset):
+        NONE to serve it as a replica (up to the log end), an error to answer, or None when this broker has no
+        replicas and serves it as a consumer fetch."""
+        ...
+
 
 class LocalPartitionAccess:
     """The single node: every local partition is led here at epoch 0, ISR = {this broker}, acks=all = fsynced.
@@ -142,3 +160,80 @@ class LocalPartitionAccess:
 
     def epoch_for_offset(self, part: Partition, offset: int) -> int:
         return LOCAL_LEADER_EPOCH
+
+    def offsets_available(self, part: Partition) -> bool:
+        return True
+
+    def appended(self, part: Partition) -> None:
+        pass
+
+    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int) -> ErrorCode | None:
+        return None
+
+
+class ReplicatedPartitionAccess:
+    """Cluster mode: the replica manager's roles, high watermarks and acknowledgements behind the same questions.
+    Partitions are found by name in the replica manager (one dict lookup), never by reaching into the image on
+    the hot path."""
+
+    def __init__(self, replicas: ReplicaManager, image: MetadataImage) -> None:
+        self._rm = replicas
+        self._image = image
+
+    def _replica(self, part: Partition) -> Replica | None:
+        return self._rm.replicas.get((part.topic, part.index))
+
+    def leader(self, topic: str, partition: int, current_leader_epoch: int = NO_EPOCH) -> Partition | ErrorCode:
+        rep = self._rm.leader_replica(topic, partition, current_leader_epoch)
+        return rep if isinstance(rep, ErrorCode) else rep.part
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        return self._rm.leader_epoch(topic, partition)
+
+    def describe(self, topic: str, partition: int) -> PartitionView:
+        state = self._image.partition(topic, partition)
+        assignment = self._image.assignment(topic, partition)
+        replicas = list(assignment.replicas) if assignment is not None else []
+        offline = [r for r in replicas if not self._image.is_live(r)]
+        if state is None:
+            return PartitionView(-1, -1, replicas, [], offline)
+        return PartitionView(state.leader, state.leader_epoch, replicas, list(state.isr), offline)
+
+    def log_start_offset(self, part: Partition) -> int:
+        rep = self._replica(part)
+        return part.log.log_start_offset if rep is None else self._rm.client_log_start(rep)
+
+    def check_append(self, part: Partition, acks: int) -> ErrorCode:
+        rep = self._replica(part)
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER if rep is None else self._rm.check_append(rep, acks)
+
+    async def wait_acks_all(self, part: Partition, end_offset: int, timeout_ms: int) -> None:
+        rep = self._replica(part)
+        if rep is None:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{part.name} is not a replica here any more")
+        await self._rm.wait_acks_all(rep, end_offset, timeout_ms)
+
+    async def wait_log_start(self, part: Partition, offset: int, timeout_ms: int) -> int:
+        rep = self._replica(part)
+        if rep is None:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{part.name} is not a replica here any more")
+        return await self._rm.wait_log_start(rep, offset, timeout_ms)
+
+    def end_offset_for_epoch(self, part: Partition, epoch: int) -> tuple[int, int]:
+        return part.leader_epochs.end_offset_for(epoch, part.log.log_end_offset)
+
+    def epoch_for_offset(self, part: Partition, offset: int) -> int:
+        return part.leader_epochs.epoch_for_offset(offset)
+
+    def offsets_available(self, part: Partition) -> bool:
+        rep = self._replica(part)
+        return rep is not None and self._rm.offsets_available(rep)
+
+    def appended(self, part: Partition) -> None:
+        self._rm.appended(part)
+
+    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int) -> ErrorCode | None:
+        rep = self._replica(part)
+        if rep is None:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER
+        return self._rm.follower_fetch(rep, replica_id, fetch_offset, log_start_offset)

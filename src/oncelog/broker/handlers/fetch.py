@@ -1,7 +1,8 @@
 """Fetch: file regions behind a hand-built header, long-polled until min_bytes or max_wait.
 
 Each partition is served only where the partition access says this broker leads it at the leader epoch the
-request names (CurrentLeaderEpoch, v9+); otherwise the partition carries the error Kafka answers.
+request names (CurrentLeaderEpoch, v9+); otherwise the partition carries the error Kafka answers. A fetch with a
+replica id (a follower, in cluster mode) is recorded with the partition access once and reads up to the log end.
 
 Records are never parsed here. Each partition's data is a region of one segment file
 (or a few bytes read with pread when small), sent with sendfile by the connection.
@@ -36,7 +37,12 @@ def _as_piece(result: Any) -> Any:
     return FileRegion(result.fd, result.position, result.length)
 
 
-def _read_all(broker: BrokerServices, req: Any, conn: Any) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
+def _read_all(broker: BrokerServices, req: Any, conn: Any,
+              replica: dict[tuple[str, int], ErrorCode | None] | None = None,
+              ) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
+    """One pass over the request's partitions. `replica`: for a follower's fetch, the partition access's verdict
+    per partition (NONE: read up to the log end and answer the leader's own log start; an error: answer it;
+    None: serve it as a consumer fetch)."""
     budget = min(req.max_bytes if req.max_bytes > 0 else broker.config["fetch.max.bytes"], broker.config["fetch.max.bytes"])
     total = 0
     has_error = False
@@ -54,15 +60,25 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any) -> tuple[list[tuple[s
                 parts.append(_error_partition(fp.partition, part))
                 continue
             key = (topic.name, fp.partition)
-            previous = consumed.get(key)
-            if previous is not None and fp.fetch_offset > previous:
-                # The consumer asks for what follows what it got: those records were delivered.
-                metrics.messages_out.labels(topic.name).inc(fp.fetch_offset - previous)
-            consumed[key] = fp.fetch_offset
             plog = part.log
             hwm = plog.high_watermark
             lso = part.last_stable_offset
-            upper = lso if req.isolation_level == READ_COMMITTED else hwm
+            verdict = None if replica is None else replica.get(key)
+            if verdict is not None:
+                if verdict:
+                    has_error = True
+                    parts.append(_error_partition(fp.partition, verdict))
+                    continue
+                upper = plog.log_end_offset  # a follower copies the whole log, not only what is committed
+                log_start = plog.log_start_offset
+            else:
+                previous = consumed.get(key)
+                if previous is not None and fp.fetch_offset > previous:
+                    # The consumer asks for what follows what it got: those records were delivered.
+                    metrics.messages_out.labels(topic.name).inc(fp.fetch_offset - previous)
+                consumed[key] = fp.fetch_offset
+                upper = lso if req.isolation_level == READ_COMMITTED else hwm
+                log_start = access.log_start_offset(part)
             records: Any = b""
             error = ErrorCode.NONE
             if fp.fetch_offset < plog.log_start_offset or fp.fetch_offset > plog.log_end_offset:
@@ -80,7 +96,7 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any) -> tuple[list[tuple[s
                         records = _as_piece(result)
                         size = records.size if isinstance(records, FileRegion) else len(records)
                         total += size
-                        if size:
+                        if size and verdict is None:
                             metrics.bytes_out.labels(topic.name).inc(size)
             parts.append(
                 FetchPartitionResponse(
@@ -88,7 +104,7 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any) -> tuple[list[tuple[s
                     error_code=int(error),
                     high_watermark=hwm,
                     last_stable_offset=lso,
-                    log_start_offset=access.log_start_offset(part),
+                    log_start_offset=log_start,
                     aborted_transactions=(
                         part.aborted_transactions(fp.fetch_offset, upper) if req.isolation_level else None
                     ),
@@ -97,6 +113,20 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any) -> tuple[list[tuple[s
                 )
             )
     return topics, total, has_error
+
+
+def _replica_verdicts(broker: BrokerServices, req: Any) -> dict[tuple[str, int], ErrorCode | None]:
+    """A follower's fetch is recorded once per request (its fetch offset is its durable end: the leader's high
+    watermark and ISR follow from it), not again at each wake-up of the long poll."""
+    access = broker.partitions
+    verdicts: dict[tuple[str, int], ErrorCode | None] = {}
+    for topic in req.topics:
+        for fp in topic.partitions:
+            part = access.leader(topic.name, fp.partition, fp.current_leader_epoch)
+            if not isinstance(part, ErrorCode):
+                verdicts[(topic.name, fp.partition)] = access.replica_fetch(
+                    part, req.replica_id, fp.fetch_offset, fp.log_start_offset)
+    return verdicts
 
 
 def _error_partition(index: int, error: ErrorCode) -> FetchPartitionResponse:
@@ -123,8 +153,9 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
     keys = [(t.name, p.partition) for t in req.topics for p in t.partitions]
+    replica = _replica_verdicts(broker, req) if req.replica_id >= 0 else None
     while True:
-        topics, total, has_error = _read_all(broker, req, ctx.connection)
+        topics, total, has_error = _read_all(broker, req, ctx.connection, replica)
         remaining = deadline - loop.time()
         if total >= req.min_bytes or has_error or remaining <= 0 or ctx.connection.closed or not keys:
             break

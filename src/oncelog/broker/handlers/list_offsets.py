@@ -30,9 +30,14 @@ def lookup(broker: BrokerServices, topic: str, partition: int, timestamp: int, i
         return out
     plog = part.log
     if timestamp == EARLIEST:
-        out["offset"] = access.log_start_offset(part)
+        out["offset"] = access.log_start_offset(part) if from_client else plog.log_start_offset
     elif timestamp == LATEST:
-        out["offset"] = part.last_stable_offset if isolation == 1 else plog.high_watermark
+        if not from_client:
+            out["offset"] = plog.log_end_offset  # Kafka: a follower or debug tool is told the log end
+        elif not access.offsets_available(part):
+            out["error_code"] = ErrorCode.OFFSET_NOT_AVAILABLE  # a new leader's high watermark still lags
+        else:
+            out["offset"] = part.last_stable_offset if isolation == 1 else plog.high_watermark
     elif timestamp == MAX_TIMESTAMP or timestamp >= 0:
         found = part.max_timestamp() if timestamp == MAX_TIMESTAMP else part.offset_for_timestamp(timestamp)
         if from_client:

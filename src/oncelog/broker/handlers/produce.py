@@ -123,6 +123,7 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             slot.base_offset = appended.base_offset
             slot.log_append_time = appended.log_append_time
             if not appended.duplicate:
+                access.appended(part)
                 metrics.bytes_in.labels(topic_name).inc(header.size)
                 metrics.messages_in.labels(topic_name).inc(header.record_count)
             if acks == -1:

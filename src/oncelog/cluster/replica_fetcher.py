@@ -1,0 +1,430 @@
+"""Followers fetch (docs/cluster.md §4.2-§4.4): one asyncio fetch loop per source broker.
+
+Every partition this broker follows on one leader is fetched in one Fetch request (v12) over an oncelog client
+connection: `replica_id` = our node id, each partition's CurrentLeaderEpoch, LastFetchedEpoch and log start
+offset, and as fetch offset its log end, which is durable by construction: after appending a response's batches
+(as they are, `Partition.append_replicated`) the loop waits until the group-commit flush covered them, and only
+then sends the next Fetch (§4.3). The leader reads each follower's fetch offset as "fsynced up to here".
+
+Before the first fetch from a leader (and after any leader epoch change) a partition is truncated by
+OffsetsForLeaderEpoch, never by high watermark alone (KIP-101, KIP-279): it asks where its latest epoch ends on
+the leader and cuts its log there, asking again with an older epoch when the leader answers one it does not know.
+A fetch offset outside the leader's log (OFFSET_OUT_OF_RANGE) is resolved with ListOffsets: below the leader's
+log start the log starts over there; above the leader's log end it is cut to it.
+
+Errors back one partition off for replica.fetch.backoff.ms; a broken connection backs the whole loop off. The
+replica manager decides who is followed at which epoch (`follow` / `unfollow`); a response that arrives after
+that changed is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..client.connection import BrokerConnection
+from ..client.errors import KafkaError as ClientError
+from ..errors import ErrorCode, KafkaError
+from ..protocol import client_codecs as codecs
+from ..protocol.apis import ApiKey
+from ..records.batch import HEADER_SIZE, crc_ok, read_header
+from ..storage.leader_epochs import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
+
+if TYPE_CHECKING:
+    from ..config import BrokerConfig
+    from ..storage.log_manager import LogManager
+    from ..storage.partition import Partition
+    from .metadata_image import MetadataImage
+    from .replica_manager import ReplicaManager
+
+log = logging.getLogger(__name__)
+
+Key = tuple[str, int]
+FETCH_VERSION = 12  # the newest Fetch oncelog's codecs speak; names topics, carries LastFetchedEpoch
+EARLIEST, LATEST = -2, -1
+
+
+@dataclass(eq=False, slots=True)
+class FetchPartition:
+    """One followed partition: whom it follows at which epoch, and where it stands."""
+
+    key: Key
+    part: Partition
+    leader: int
+    leader_epoch: int
+    truncating: bool = True  # validate the log against the leader before fetching
+    out_of_range: bool = False  # the leader said the fetch offset is outside its log
+    delay_until: float = 0.0  # monotonic time before which it is not fetched (backoff)
+
+
+def _monotonic() -> float:
+    return time.monotonic()
+
+
+class ReplicaFetcherManager:
+    """Implements `replica_manager.FollowerFetchers`: a `SourceFetcher` per leader broker, created on demand."""
+
+    def __init__(self, node_id: int, image: MetadataImage, logs: LogManager, replicas: ReplicaManager,
+                 config: BrokerConfig, *, broker_epoch: Callable[[], int] = lambda: -1,
+                 now_ms: Callable[[], int] | None = None) -> None:
+        self.node_id = node_id
+        self.image = image
+        self.logs = logs
+        self.replicas = replicas
+        self.config = config
+        self.broker_epoch = broker_epoch
+        self.now_ms = now_ms or (lambda: int(time.time() * 1000))
+        self.sources: dict[int, SourceFetcher] = {}
+        self._where: dict[Key, int] = {}  # partition -> the leader it is fetched from
+        self._stopped = False
+
+    def follow(self, key: Key, part: Partition, leader: int, leader_epoch: int) -> None:
+        if self._stopped:
+            return
+        self.unfollow(key)
+        source = self.sources.get(leader)
+        if source is None:
+            source = self.sources[leader] = SourceFetcher(self, leader)
+            source.start()
+        source.add(FetchPartition(key, part, leader, leader_epoch))
+        self._where[key] = leader
+
+    def unfollow(self, key: Key) -> None:
+        leader = self._where.pop(key, None)
+        if leader is not None and leader in self.sources:
+            self.sources[leader].remove(key)
+
+    def following(self, key: Key) -> FetchPartition | None:
+        leader = self._where.get(key)
+        return None if leader is None else self.sources[leader].partitions.get(key)
+
+    async def stop(self) -> None:
+        self._stopped = True
+        self._where.clear()
+        sources, self.sources = list(self.sources.values()), {}
+        await asyncio.gather(*(s.stop() for s in sources), return_exceptions=True)
+
+    def _retire(self, source: SourceFetcher) -> None:
+        if self.sources.get(source.leader) is source:
+            del self.sources[source.leader]
+
+
+class SourceFetcher:
+    """The fetch loop for every partition followed on one leader broker."""
+
+    def __init__(self, manager: ReplicaFetcherManager, leader: int) -> None:
+        self.manager = manager
+        self.leader = leader
+        self.partitions: dict[Key, FetchPartition] = {}
+        self._changed = asyncio.Event()
+        self._conn: BrokerConnection | None = None
+        self._address: tuple[str, int] | None = None
+        self._task: asyncio.Task | None = None
+        config = manager.config
+        self._backoff = config["replica.fetch.backoff.ms"] / 1000
+        self._max_wait_ms: int = config["replica.fetch.wait.max.ms"]
+        self._partition_max: int = config["replica.fetch.max.bytes"]
+        self._response_max: int = config["replica.fetch.response.max.bytes"]
+        self._timeout_ms: int = config["replica.socket.timeout.ms"]
+        self.fetches = 0  # fetch round trips made (tests and metrics)
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"oncelog-fetch-from-{self.leader}")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self._close()
+
+    def add(self, fp: FetchPartition) -> None:
+        self.partitions[fp.key] = fp
+        self._changed.set()
+
+    def remove(self, key: Key) -> None:
+        self.partitions.pop(key, None)
+        self._changed.set()
+
+    # -- the loop ----------------------------------------------------------------------------------------------
+    async def _run(self) -> None:
+        name = f"fetcher of broker {self.manager.node_id} from {self.leader}"
+        try:
+            while self.partitions:
+                self._changed.clear()
+                try:
+                    conn = await self._connection()
+                    if conn is None:
+                        await self._pause(self._backoff)
+                        continue
+                    await self._resolve_out_of_range(conn)
+                    await self._truncate(conn)
+                    ready = self._ready()
+                    if not ready:
+                        await self._pause(self._next_delay())
+                        continue
+                    await self._fetch(conn, ready)
+                except asyncio.CancelledError:
+                    raise
+                except (ClientError, OSError) as exc:
+                    log.warning("%s: %s; retrying in %.1f s", name, exc, self._backoff)
+                    await self._close()
+                    await self._pause(self._backoff)
+                except Exception:
+                    log.exception("%s failed; retrying in %.1f s", name, self._backoff)
+                    await self._close()
+                    await self._pause(self._backoff)
+        finally:
+            self.manager._retire(self)
+            await self._close()
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake when the partitions change (a new epoch, a new partition to follow)."""
+        try:
+            await asyncio.wait_for(self._changed.wait(), max(seconds, 0.0))
+        except TimeoutError:
+            pass
+
+    def _ready(self) -> list[FetchPartition]:
+        now = _monotonic()
+        return [fp for fp in self.partitions.values()
+                if not fp.truncating and not fp.out_of_range and fp.delay_until <= now]
+
+    def _next_delay(self) -> float:
+        now = _monotonic()
+        waits = [fp.delay_until - now for fp in self.partitions.values() if fp.delay_until > now]
+        return min(waits) if waits else self._backoff
+
+    def _back_off(self, fp: FetchPartition) -> None:
+        fp.delay_until = _monotonic() + self._backoff
+
+    def _current(self, fp: FetchPartition) -> bool:
+        """Still followed as when the request went out (the replica manager may have moved it meanwhile)."""
+        return self.partitions.get(fp.key) is fp and self.manager.replicas.is_following(
+            fp.key, fp.leader, fp.leader_epoch)
+
+    # -- connection --------------------------------------------------------------------------------------------
+    async def _connection(self) -> BrokerConnection | None:
+        info = self.manager.image.brokers.get(self.leader)
+        if info is None:
+            return None  # not registered (dead, or restarting): the image tells us when it is back
+        address = (info.host, info.port)
+        if self._conn is not None and not self._conn.closed and self._address == address:
+            return self._conn
+        await self._close()
+        conn = BrokerConnection(info.host, info.port, self.leader,
+                                client_id=f"oncelog-replica-{self.manager.node_id}",
+                                request_timeout_ms=self._timeout_ms, connect_timeout_ms=self._timeout_ms)
+        await conn.connect()
+        self._conn, self._address = conn, address
+        return conn
+
+    async def _close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+    # -- truncation (KIP-101 / KIP-279) ------------------------------------------------------------------------
+    async def _truncate(self, conn: BrokerConnection) -> None:
+        now = _monotonic()
+        pending = [fp for fp in self.partitions.values() if fp.truncating and fp.delay_until <= now]
+        asking: list[tuple[FetchPartition, int]] = []
+        for fp in pending:
+            epoch = fp.part.leader_epochs.latest_epoch
+            if epoch == UNDEFINED_EPOCH:
+                # No leader epochs known here: an empty log, or one written before epochs were kept. Only what
+                # this replica knows to be committed (its high watermark) is safe to keep.
+                self._truncate_to(fp, fp.part.log.high_watermark)
+                fp.truncating = False
+            else:
+                asking.append((fp, epoch))
+        if not asking:
+            return
+        topics: dict[str, list[dict[str, int]]] = {}
+        for fp, epoch in asking:
+            topics.setdefault(fp.key[0], []).append(
+                {"partition": fp.key[1], "current_leader_epoch": fp.leader_epoch, "leader_epoch": epoch})
+        version = conn.api_version(ApiKey.OFFSET_FOR_LEADER_EPOCH, 4, 3)
+        resp = await conn.call(ApiKey.OFFSET_FOR_LEADER_EPOCH, {
+            "replica_id": self.manager.node_id,
+            "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
+        }, version=version)
+        answers = {(t.topic, p.partition): p for t in resp.topics for p in t.partitions}
+        for fp, epoch in asking:
+            answer = answers.get(fp.key)
+            if not self._current(fp):
+                continue
+            if answer is None or answer.error_code:
+                code = -1 if answer is None else answer.error_code
+                log.info("%s-%d: OffsetsForLeaderEpoch(%d) on broker %d: error %s; retrying", *fp.key, epoch,
+                         self.leader, code)
+                self._back_off(fp)
+                continue
+            target, done = self._truncation_point(fp, answer.leader_epoch, answer.end_offset)
+            self._truncate_to(fp, target)
+            fp.truncating = not done
+
+    def _truncation_point(self, fp: FetchPartition, leader_epoch: int, end_offset: int) -> tuple[int, bool]:
+        """Where to cut, and whether that settles it (Kafka's AbstractFetcherThread.getOffsetTruncationState)."""
+        plog = fp.part.log
+        end = plog.log_end_offset
+        if end_offset == UNDEFINED_EPOCH_OFFSET:
+            return plog.high_watermark, True  # the leader knows none of our epochs: keep what was committed
+        if leader_epoch == UNDEFINED_EPOCH:
+            return min(end_offset, end), True
+        epoch, own_end = fp.part.leader_epochs.end_offset_for(leader_epoch, end)
+        if own_end == UNDEFINED_EPOCH_OFFSET:
+            return min(end_offset, end), True
+        if epoch != leader_epoch:
+            # We do not have the epoch the leader answered with: cut to where our older epoch ends, ask again.
+            return min(own_end, end), False
+        return min(own_end, end_offset, end), True
+
+    def _truncate_to(self, fp: FetchPartition, offset: int) -> None:
+        plog = fp.part.log
+        if offset >= plog.log_end_offset:
+            return
+        topic, index = fp.key
+        before = plog.log_end_offset
+        try:
+            self.manager.logs.truncate_to(topic, index, max(offset, 0))
+        except KafkaError as exc:
+            log.error("%s-%d: truncation to %d failed: %s", topic, index, offset, exc)
+            self._back_off(fp)
+            return
+        log.info("%s-%d: truncated from %d to %d following broker %d at epoch %d", topic, index, before,
+                 plog.log_end_offset, self.leader, fp.leader_epoch)
+
+    # -- out of range ----------------------------------------------------------------------------------------------
+    async def _resolve_out_of_range(self, conn: BrokerConnection) -> None:
+        pending = [fp for fp in self.partitions.values() if fp.out_of_range and fp.delay_until <= _monotonic()]
+        for fp in pending:
+            topic, index = fp.key
+            start = await self._leader_offset(conn, fp, EARLIEST)
+            end = await self._leader_offset(conn, fp, LATEST)
+            if start is None or end is None or not self._current(fp):
+                self._back_off(fp)
+                continue
+            plog = fp.part.log
+            if plog.log_end_offset < start:
+                # Everything we have is below what the leader still keeps: start over at its log start.
+                log.info("%s-%d: log end %d below the leader's log start %d: starting over there", topic, index,
+                         plog.log_end_offset, start)
+                self.manager.logs.truncate_fully_and_start_at(topic, index, start)
+            elif plog.log_end_offset > end:
+                self._truncate_to(fp, end)
+            fp.out_of_range = False
+
+    async def _leader_offset(self, conn: BrokerConnection, fp: FetchPartition, which: int) -> int | None:
+        topic, index = fp.key
+        resp = await conn.call(ApiKey.LIST_OFFSETS, {
+            "replica_id": self.manager.node_id, "isolation_level": 0,
+            "topics": [{"name": topic, "partitions": [
+                {"partition_index": index, "current_leader_epoch": fp.leader_epoch, "timestamp": which}]}],
+        }, version=conn.api_version(ApiKey.LIST_OFFSETS, 7, 4))
+        for t in resp.topics:
+            for p in t.partitions:
+                if p.partition_index == index and p.error_code == 0:
+                    return p.offset
+        return None
+
+    # -- fetching ----------------------------------------------------------------------------------------------
+    async def _fetch(self, conn: BrokerConnection, ready: list[FetchPartition]) -> None:
+        replicas = self.manager.replicas
+        # The fetch offset is a durable offset (§4.3): nothing unflushed may be reported.
+        unflushed = [fp.part.log for fp in ready if fp.part.log.durable_end < fp.part.log.log_end_offset]
+        if unflushed:
+            await asyncio.gather(*(replicas.wait_durable(plog, plog.log_end_offset) for plog in unflushed))
+        topics: dict[str, list[dict[str, int]]] = {}
+        for fp in ready:
+            plog = fp.part.log
+            topics.setdefault(fp.key[0], []).append({
+                "partition": fp.key[1], "current_leader_epoch": fp.leader_epoch,
+                "fetch_offset": plog.log_end_offset, "last_fetched_epoch": fp.part.leader_epochs.latest_epoch,
+                "log_start_offset": plog.log_start_offset, "partition_max_bytes": self._partition_max,
+            })
+        body = codecs.encode_request(ApiKey.FETCH, FETCH_VERSION, {
+            "replica_id": self.manager.node_id, "max_wait_ms": self._max_wait_ms, "min_bytes": 1,
+            "max_bytes": self._response_max, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
+            "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
+            "forgotten_topics_data": [], "rack_id": "",
+        })
+        frame = await conn.request(ApiKey.FETCH, FETCH_VERSION, body,
+                                   timeout=(self._timeout_ms + self._max_wait_ms) / 1000)
+        assert frame is not None
+        result = codecs.decode_fetch_response(FETCH_VERSION, frame)
+        self.fetches += 1
+        if result.error_code:
+            log.warning("fetch from broker %d: error %d", self.leader, result.error_code)
+            for fp in ready:
+                self._back_off(fp)
+            return
+        sent = {fp.key: fp for fp in ready}
+        appended = []
+        for topic, partitions in result.topics:
+            for p in partitions:
+                fp = sent.get((topic, p.partition))
+                if fp is None or not self._current(fp):
+                    continue
+                if self._apply(fp, p):
+                    appended.append(fp)
+        if appended:
+            # The next fetch reports these offsets as durable: wait for the flush round that covers them.
+            await asyncio.gather(*(replicas.wait_durable(fp.part.log, fp.part.log.log_end_offset)
+                                   for fp in appended))
+
+    def _apply(self, fp: FetchPartition, p: Any) -> bool:
+        """One partition of a fetch response; True if batches were appended."""
+        topic, index = fp.key
+        code = p.error_code
+        if code == ErrorCode.OFFSET_OUT_OF_RANGE:
+            fp.out_of_range = True
+            return False
+        if code:
+            if code not in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                            ErrorCode.UNKNOWN_LEADER_EPOCH):
+                log.info("%s-%d: fetch from broker %d answered error %d", topic, index, self.leader, code)
+            self._back_off(fp)  # a stale or future epoch resolves through the image; anything else, retry
+            return False
+        part = fp.part
+        plog = part.log
+        appended = False
+        records = p.records
+        if records.nbytes >= HEADER_SIZE:
+            buf = bytearray(records)  # writable: the log writes the (same) base offset into the batch
+            view = memoryview(buf)
+            pos, size_all = 0, len(buf)
+            now = self.manager.now_ms()
+            try:
+                while size_all - pos >= HEADER_SIZE:
+                    header = read_header(buf, pos)
+                    size = header.size
+                    if size > size_all - pos:
+                        break  # a partial batch at the end: fetched whole next time
+                    if header.next_offset <= plog.log_end_offset:
+                        pos += size  # already here (the read began at the batch containing the offset)
+                        continue
+                    if header.magic != 2 or not crc_ok(buf, pos, header):
+                        raise KafkaError(ErrorCode.CORRUPT_MESSAGE,
+                                         f"{topic}-{index}: corrupt batch at {header.base_offset} from broker "
+                                         f"{self.leader}")
+                    part.append_replicated(view[pos:pos + size], header, now)
+                    appended = True
+                    pos += size
+            except KafkaError as exc:
+                log.error("%s-%d: appending replicated batches failed: %s", topic, index, exc)
+                if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE:
+                    fp.truncating = True  # the leader's log and ours disagree: validate again
+                self._back_off(fp)
+        if p.log_start_offset > plog.log_start_offset:
+            try:
+                # Checkpointed before the next fetch reports it (§4.7).
+                self.manager.logs.advance_log_start(topic, index, p.log_start_offset)
+            except KafkaError as exc:
+                log.error("%s-%d: following the leader's log start %d failed: %s", topic, index,
+                          p.log_start_offset, exc)
+        self.manager.replicas.follower_progress(fp.key, p.high_watermark)
+        return appended

@@ -1,0 +1,317 @@
+"""Replication between real brokers over TCP, with the metadata image fed by hand instead of ZooKeeper.
+
+Three in-process brokers (their own data directories, listeners, flushers) share one metadata image; each runs a
+replica manager, a fetcher per leader and the replicated partition access, wired as cluster mode wires them. The
+image is moved the way the controller would move it (elections at a new leader epoch), and ISR writes are CAS
+writes applied to the image as the metadata store applies them. Requests are raw Kafka requests (tests/support/
+wire.py) to the brokers' listeners; tests/cluster runs the same paths with ZooKeeper and the controller.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+from kafka.protocol.consumer import FetchRequest
+from tests.integration.helpers import produce_raw
+from tests.support.wire import Wire
+
+from oncelog.broker.partition_access import ReplicatedPartitionAccess
+from oncelog.broker.server import Broker
+from oncelog.cluster.metadata_image import (
+    BrokerInfo,
+    MetadataImage,
+    PartitionAssignment,
+    PartitionState,
+    TopicInfo,
+)
+from oncelog.cluster.replica_fetcher import ReplicaFetcherManager
+from oncelog.cluster.replica_manager import ReplicaManager
+from oncelog.config import load_broker_config
+from oncelog.records.batch import read_header
+from oncelog.records.builder import build_batch
+
+NONE, NOT_LEADER, DUPLICATE_SEQUENCE, FENCED = 0, 6, 46, 74
+T = "rep"
+LAG_MS = 2000
+WAIT_S = 30  # generous: the machine is shared
+
+
+class Store:
+    """A leader's ISR CAS, applied to the shared image (what MetadataStore.write_partition_state does)."""
+
+    def __init__(self, image: MetadataImage) -> None:
+        self.image = image
+
+    async def write_state(self, topic, partition, new, expected_version, controller_epoch):
+        held = self.image.partition(topic, partition)
+        if held.version != expected_version:
+            raise RuntimeError("BadVersion")
+        stored = dataclasses.replace(new, version=held.version + 1)
+        self.image.apply_partition_state(topic, partition, stored, created=1)
+        return stored.version
+
+
+class Lease:
+    state = "CONNECTED"
+
+    def lease_valid(self) -> bool:
+        return True
+
+
+class Node:
+    def __init__(self, node_id: int, broker: Broker, rm: ReplicaManager, fetchers: ReplicaFetcherManager) -> None:
+        self.node_id, self.broker, self.rm, self.fetchers = node_id, broker, rm, fetchers
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.broker.port}"
+
+    def log(self, partition: int = 0):
+        return self.broker.logs.get_partition(T, partition).log
+
+
+class Cluster:
+    """Brokers on a loop in a background thread; `call` runs a function on that loop and returns its result."""
+
+    def __init__(self, root: Path, nodes: int = 3, partitions: int = 1, fsync: bool = True) -> None:
+        self.root = root
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        self.image = MetadataImage()
+        self.store = Store(self.image)
+        self.nodes: dict[int, Node] = {}
+        self.partitions = partitions
+        self.fsync = fsync
+        for node_id in range(1, nodes + 1):
+            self.nodes[node_id] = self.call_async(self._start(node_id))
+
+    def call_async(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(WAIT_S)
+
+    def call(self, fn, *args):
+        async def run():
+            return fn(*args)
+
+        return self.call_async(run())
+
+    async def _start(self, node_id: int) -> Node:
+        config = load_broker_config(overrides=[
+            f"node.id={node_id}", f"oncelog.fsync.enable={'true' if self.fsync else 'false'}",
+            f"replica.lag.time.max.ms={LAG_MS}", "replica.fetch.backoff.ms=100", "replica.fetch.wait.max.ms=200",
+        ])
+        broker = Broker(config, self.root / f"b{node_id}", port=0)
+        await broker.start()
+        logs = broker.logs
+
+        def ensure_local(topic, index):
+            if topic not in logs.topics:
+                logs.create_topic(topic, self.partitions, {"min.insync.replicas": "2"})
+            return logs.get_partition(topic, index)
+
+        rm = ReplicaManager(node_id, self.image, logs, config, write_state=self.store.write_state, lease=Lease(),
+                            ensure_local=ensure_local, delete_local=lambda topic, index: None,
+                            on_readable=broker.watchers.notify)
+        fetchers = ReplicaFetcherManager(node_id, self.image, logs, rm, config)
+        # Cluster mode's wiring: handlers ask the replicated access; every flush round reaches the replica manager.
+        broker.partitions = ReplicatedPartitionAccess(rm, self.image)
+        single_node_hook = broker.flusher.on_high_watermark
+
+        def flushed(plog):
+            single_node_hook(plog)
+            rm.on_flushed(plog)
+
+        broker.flusher.on_high_watermark = flushed
+        self.image.apply_broker(BrokerInfo(node_id, "127.0.0.1", broker.port, None, 100 + node_id))
+        rm.start(fetchers)
+        return Node(node_id, broker, rm, fetchers)
+
+    def create(self, replicas: tuple[int, ...]) -> None:
+        def apply():
+            self.image.apply_topic(TopicInfo(T, uuid.uuid4().bytes, {
+                p: PartitionAssignment(replicas) for p in range(self.partitions)}, 0, 10))
+            for p in range(self.partitions):
+                self.image.apply_partition_state(T, p, PartitionState(replicas[0], 0, replicas, 1, 0), created=1)
+
+        self.call(apply)
+
+    def elect(self, leader: int, isr: tuple[int, ...], partition: int = 0) -> int:
+        """What the controller does: a new leader at leader epoch + 1."""
+        def apply():
+            held = self.image.partition(T, partition)
+            new = PartitionState(leader, held.leader_epoch + 1, isr, 1, held.version + 1)
+            self.image.apply_partition_state(T, partition, new, created=1)
+            return new.leader_epoch
+
+        return self.call(apply)
+
+    def state(self, partition: int = 0) -> PartitionState:
+        return self.call(self.image.partition, T, partition)
+
+    def stop(self) -> None:
+        async def stop_all():
+            for node in self.nodes.values():
+                await node.fetchers.stop()
+                await node.rm.stop()
+            await asyncio.gather(*(node.broker.stop() for node in self.nodes.values()))
+
+        try:
+            self.call_async(stop_all())
+        finally:
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self.thread.join(WAIT_S)
+            self.loop.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made: list[Cluster] = []
+
+    def make(**kwargs) -> Cluster:
+        c = Cluster(tmp_path, **kwargs)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def wait_for(predicate, what: str, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout}s waiting for {what}"
+        time.sleep(0.02)
+
+
+def batch(values, pid=-1, seq=-1):
+    return build_batch([(None, v, (), 1_700_000_000_000) for v in values], producer_id=pid, producer_epoch=0,
+                       base_sequence=seq)
+
+
+def produce(node: Node, records, *, acks=-1, timeout_ms=20_000):
+    with Wire(node.bootstrap) as w:
+        part = produce_raw(w, T, 0, records, acks=acks, timeout_ms=timeout_ms)
+    return part.error_code, part.base_offset
+
+
+def log_bytes(c: Cluster, node: Node) -> bytes:
+    def read():
+        plog = node.log()
+        result = plog.read(plog.log_start_offset, 1 << 24, plog.log_end_offset)
+        if result.data is not None:
+            return bytes(result.data)
+        try:
+            return os.pread(result.fd, result.length, result.position)
+        finally:
+            result.close()
+
+    return c.call(read)
+
+
+def fetch(node: Node, offset: int, epoch: int = -1):
+    req = FetchRequest[12]
+    ft = req.FetchTopic
+    fp = ft.FetchPartition
+    with Wire(node.bootstrap) as w:
+        resp = w.request(req(replica_id=-1, max_wait_ms=0, min_bytes=0, max_bytes=1 << 20, isolation_level=0,
+                             session_id=0, session_epoch=-1, forgotten_topics_data=[], rack_id="",
+                             topics=[ft(topic=T, partitions=[fp(partition=0, fetch_offset=offset,
+                                                                log_start_offset=-1, partition_max_bytes=1 << 20,
+                                                                current_leader_epoch=epoch,
+                                                                last_fetched_epoch=-1)])]), 12)
+    (p,) = resp.responses[0].partitions
+    return p
+
+
+def test_acks_all_is_answered_once_every_isr_member_has_the_write(cluster):
+    c = cluster()
+    c.create((1, 2, 3))
+    leader = c.nodes[1]
+    wait_for(lambda: all(T in n.broker.logs.topics for n in c.nodes.values()), "replicas to open")
+    for i in range(5):
+        assert produce(leader, batch([b"r%d-%d" % (i, j) for j in range(3)])) == (NONE, 3 * i)
+        # Acknowledged means: on every ISR member's disk (§4.3), at the moment the answer comes.
+        durable = c.call(lambda: [c.nodes[n].log().durable_end for n in (1, 2, 3)])
+        assert durable == [3 * i + 3] * 3, durable
+    # The leader's high watermark covers it and the followers hold the same bytes, the leader's epoch stamped in
+    # every batch.
+    assert c.call(lambda: leader.log().high_watermark) == 15
+    want = log_bytes(c, leader)
+    for node_id in (2, 3):
+        wait_for(lambda n=c.nodes[node_id]: log_bytes(c, n) == want, f"broker {node_id} to hold the leader's log")
+        assert c.call(lambda n=c.nodes[node_id]: n.log().durable_end) == 15
+    assert read_header(want).leader_epoch == 0
+    # Consumers read from the leader only.
+    assert fetch(c.nodes[2], 0).error_code == NOT_LEADER
+    p = fetch(leader, 0, epoch=0)
+    assert (p.error_code, p.high_watermark) == (NONE, 15) and p.records
+
+
+def test_a_lagging_follower_leaves_the_isr_and_acks_all_goes_on(cluster):
+    c = cluster()
+    c.create((1, 2, 3))
+    leader = c.nodes[1]
+    wait_for(lambda: all(T in n.broker.logs.topics for n in c.nodes.values()), "replicas to open")
+    assert produce(leader, batch([b"a"])) == (NONE, 0)
+    c.call(c.nodes[3].fetchers.unfollow, (T, 0))  # broker 3 stops fetching
+    started = time.monotonic()
+    assert produce(leader, batch([b"b"]), timeout_ms=LAG_MS * 10) == (NONE, 1)
+    # Answered only once broker 3 was out of the ISR (replica.lag.time.max.ms without catching up).
+    assert time.monotonic() - started >= LAG_MS / 1000 * 0.5
+    assert c.state().isr == (1, 2)
+    # It comes back once it fetches again and reaches the high watermark.
+    c.call(c.nodes[3].fetchers.follow, (T, 0), c.nodes[3].broker.logs.get_partition(T, 0), 1, 0)
+    wait_for(lambda: c.state().isr == (1, 2, 3), "broker 3 back in the ISR")
+
+
+def test_failover_cuts_the_old_leaders_unacknowledged_tail_and_keeps_producer_state(cluster):
+    c = cluster()
+    c.create((1, 2, 3))
+    old, new = c.nodes[1], c.nodes[2]
+    wait_for(lambda: all(T in n.broker.logs.topics for n in c.nodes.values()), "replicas to open")
+    pid = 4242
+    sent = []
+    seq = 0
+    for i in range(6):
+        records = [b"p%d-%d" % (i, j) for j in range(2)]
+        error, base = produce(old, batch(records, pid, seq))
+        assert error == NONE
+        sent.append((records, seq, base))
+        seq += 2
+    wait_for(lambda: c.call(lambda: new.log().durable_end) == 12, "broker 2 to have every batch")
+    # Both followers stop; the old leader appends what nobody else will ever have (acks=1).
+    for node_id in (2, 3):
+        c.call(c.nodes[node_id].fetchers.unfollow, (T, 0))
+    assert produce(old, batch([b"lost-1", b"lost-2"]), acks=1) == (NONE, 12)
+    assert c.call(lambda: old.log().log_end_offset) == 14
+    # The controller elects broker 2 (it was in the ISR) at epoch 1.
+    epoch = c.elect(2, (2, 3))
+    assert epoch == 1
+    wait_for(lambda: c.call(lambda: old.rm.replicas[(T, 0)].role.value) == "follower", "old leader to follow")
+    # The old leader truncated its divergent tail by OffsetsForLeaderEpoch, and follows the new leader.
+    wait_for(lambda: c.call(lambda: old.log().log_end_offset) == 12, "the divergent tail to be cut")
+    assert produce(old, batch([b"x"])) == (NOT_LEADER, -1)
+    assert fetch(old, 0, epoch=0).error_code == FENCED
+    # On the new leader, the producer's retries are answered as the old leader would have: the last five
+    # batches with their original offsets, an older one as a duplicate inside the window.
+    for records, s, base in sent[-5:]:
+        assert produce(new, batch(records, pid, s)) == (NONE, base)
+    records, s, _ = sent[0]
+    assert produce(new, batch(records, pid, s))[0] == DUPLICATE_SEQUENCE
+    assert produce(new, batch([b"after"], pid, seq)) == (NONE, 12)
+    want = log_bytes(c, new)
+    for node_id in (1, 3):
+        wait_for(lambda n=c.nodes[node_id]: log_bytes(c, n) == want, f"broker {node_id} to match the new leader")
+    assert read_header(want[-(len(bytes(batch([b"after"], pid, seq)))):]).leader_epoch == 1
+    assert c.call(lambda: old.broker.logs.get_partition(T, 0).leader_epochs.entries()) == [(0, 0), (1, 12)]
