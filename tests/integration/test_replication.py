@@ -37,7 +37,7 @@ from oncelog.config import load_broker_config
 from oncelog.records.batch import read_header
 from oncelog.records.builder import build_batch
 
-NONE, NOT_LEADER, DUPLICATE_SEQUENCE, FENCED = 0, 6, 46, 74
+NONE, NOT_LEADER, DUPLICATE_SEQUENCE, FENCED, STALE_BROKER_EPOCH = 0, 6, 46, 74, 77
 T = "rep"
 LAG_MS = 2000
 WAIT_S = 30  # generous: the machine is shared
@@ -118,8 +118,9 @@ class Cluster:
 
         rm = ReplicaManager(node_id, self.image, logs, config, write_state=self.store.write_state, lease=Lease(),
                             ensure_local=ensure_local, delete_local=lambda topic, index: None,
-                            on_readable=broker.watchers.notify)
-        fetchers = ReplicaFetcherManager(node_id, self.image, logs, rm, config)
+                            on_readable=broker.watchers.notify, flusher=broker.flusher)
+        fetchers = ReplicaFetcherManager(node_id, self.image, logs, rm, config,
+                                         broker_epoch=lambda: self.image.broker_epoch(node_id) or -1)
         # Cluster mode's wiring: handlers ask the replicated access; every flush round reaches the replica manager.
         broker.partitions = ReplicatedPartitionAccess(rm, self.image)
         single_node_hook = broker.flusher.on_high_watermark
@@ -273,6 +274,25 @@ def test_a_lagging_follower_leaves_the_isr_and_acks_all_goes_on(cluster):
     # It comes back once it fetches again and reaches the high watermark.
     c.call(c.nodes[3].fetchers.follow, (T, 0), c.nodes[3].broker.logs.get_partition(T, 0), 1, 0)
     wait_for(lambda: c.state().isr == (1, 2, 3), "broker 3 back in the ISR")
+
+
+def test_a_stale_incarnations_fetches_count_for_nothing(cluster):
+    c = cluster()
+    c.create((1, 2, 3))
+    leader = c.nodes[1]
+    wait_for(lambda: all(T in n.broker.logs.topics for n in c.nodes.values()), "replicas to open")
+    assert produce(leader, batch([b"a"])) == (NONE, 0)
+    # Broker 3 registers again (a restart elsewhere): this process still fetches as the old incarnation.
+    stale = c.call(lambda: c.nodes[3].fetchers.broker_epoch())
+    c.call(setattr, c.nodes[3].fetchers, "broker_epoch", lambda: stale)
+    c.call(c.image.apply_broker, BrokerInfo(3, "127.0.0.1", 1, None, 10_000))
+    source = c.nodes[3].fetchers.sources[1]
+    wait_for(lambda: c.call(lambda: source.errors[STALE_BROKER_EPOCH]), "the leader to refuse broker 3's fetch")
+    started = time.monotonic()
+    assert produce(leader, batch([b"b"]), timeout_ms=LAG_MS * 10) == (NONE, 1)
+    assert time.monotonic() - started >= LAG_MS / 1000 * 0.5  # answered only once broker 3 left the ISR
+    assert c.state().isr == (1, 2)
+    assert c.call(lambda: c.nodes[3].log().log_end_offset) == 1  # refused: it got nothing more
 
 
 def test_failover_cuts_the_old_leaders_unacknowledged_tail_and_keeps_producer_state(cluster):

@@ -104,10 +104,11 @@ class PartitionAccess(Protocol):
         """A produce appended to `part` (followers waiting in a fetch may go on at once)."""
         ...
 
-    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int) -> ErrorCode | None:
-        """A fetch from the follower `replica_id` (fetch offset = its durable end, and its log start offset):
-        NONE to serve it as a replica (up to the log end), an error to answer, or None when this broker has no
-        replicas and serves it as a consumer fetch."""
+    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int,
+                      broker_epoch: int = -1) -> ErrorCode | None:
+        """A fetch from the follower `replica_id` (fetch offset = its durable end, its log start offset and broker
+        epoch): NONE to serve it as a replica (up to the log end), an error to answer (STALE_BROKER_EPOCH for a
+        stale incarnation), or None when this broker has no replicas and serves it as a consumer fetch."""
         ...
 
 
@@ -167,7 +168,8 @@ class LocalPartitionAccess:
     def appended(self, part: Partition) -> None:
         pass
 
-    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int) -> ErrorCode | None:
+    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int,
+                      broker_epoch: int = -1) -> ErrorCode | None:
         return None
 
 
@@ -232,8 +234,9 @@ class ReplicatedPartitionAccess:
     def appended(self, part: Partition) -> None:
         self._rm.appended(part)
 
-    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int) -> ErrorCode | None:
+    def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int,
+                      broker_epoch: int = -1) -> ErrorCode | None:
         rep = self._replica(part)
         if rep is None:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
-        return self._rm.follower_fetch(rep, replica_id, fetch_offset, log_start_offset)
+        return self._rm.follower_fetch(rep, replica_id, fetch_offset, log_start_offset, broker_epoch)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -31,6 +32,7 @@ from ..client.errors import KafkaError as ClientError
 from ..errors import ErrorCode, KafkaError
 from ..protocol import client_codecs as codecs
 from ..protocol.apis import ApiKey
+from ..protocol.fetch_codec import encode_replica_state_tag
 from ..records.batch import HEADER_SIZE, crc_ok, read_header
 from ..storage.leader_epochs import UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET
 
@@ -63,6 +65,15 @@ class FetchPartition:
 
 def _monotonic() -> float:
     return time.monotonic()
+
+
+def _with_replica_state(body: bytes, node_id: int, broker_epoch: int) -> bytes:
+    """Put our broker epoch in the request (Fetch v15's ReplicaState, tag 1, which Kafka's v12 schema lacks and
+    would skip), so a leader refuses the fetches of a stale incarnation of this broker (STALE_BROKER_EPOCH)."""
+    if broker_epoch < 0:
+        return body
+    assert body[-1:] == b"\x00", "a flexible request ends with its (empty) top-level tagged fields"
+    return body[:-1] + encode_replica_state_tag(node_id, broker_epoch)
 
 
 class ReplicaFetcherManager:
@@ -131,6 +142,7 @@ class SourceFetcher:
         self._response_max: int = config["replica.fetch.response.max.bytes"]
         self._timeout_ms: int = config["replica.socket.timeout.ms"]
         self.fetches = 0  # fetch round trips made (tests and metrics)
+        self.errors: Counter[int] = Counter()  # partition error codes answered, by code
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"oncelog-fetch-from-{self.leader}")
@@ -346,12 +358,12 @@ class SourceFetcher:
                 "fetch_offset": plog.log_end_offset, "last_fetched_epoch": fp.part.leader_epochs.latest_epoch,
                 "log_start_offset": plog.log_start_offset, "partition_max_bytes": self._partition_max,
             })
-        body = codecs.encode_request(ApiKey.FETCH, FETCH_VERSION, {
+        body = _with_replica_state(codecs.encode_request(ApiKey.FETCH, FETCH_VERSION, {
             "replica_id": self.manager.node_id, "max_wait_ms": self._max_wait_ms, "min_bytes": 1,
             "max_bytes": self._response_max, "isolation_level": 0, "session_id": 0, "session_epoch": -1,
             "topics": [{"topic": t, "partitions": ps} for t, ps in topics.items()],
             "forgotten_topics_data": [], "rack_id": "",
-        })
+        }), self.manager.node_id, self.manager.broker_epoch())
         frame = await conn.request(ApiKey.FETCH, FETCH_VERSION, body,
                                    timeout=(self._timeout_ms + self._max_wait_ms) / 1000)
         assert frame is not None
@@ -384,8 +396,12 @@ class SourceFetcher:
             fp.out_of_range = True
             return False
         if code:
-            if code not in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
-                            ErrorCode.UNKNOWN_LEADER_EPOCH):
+            self.errors[code] += 1
+            if code == ErrorCode.STALE_BROKER_EPOCH:
+                log.warning("%s-%d: broker %d refuses our fetches as from a stale incarnation (broker epoch %d)",
+                            topic, index, self.leader, self.manager.broker_epoch())
+            elif code not in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                              ErrorCode.UNKNOWN_LEADER_EPOCH):
                 log.info("%s-%d: fetch from broker %d answered error %d", topic, index, self.leader, code)
             self._back_off(fp)  # a stale or future epoch resolves through the image; anything else, retry
             return False

@@ -39,6 +39,7 @@ from ..errors import ErrorCode, KafkaError
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
+    from ..storage.flusher import GroupCommitFlusher
     from ..storage.log_manager import LogManager
     from ..storage.partition import Partition
     from ..storage.partition_log import PartitionLog
@@ -137,6 +138,7 @@ class ReplicaManager:
         delete_local: Callable[[str, int | None], None],
         on_readable: Callable[[Key], None] = lambda key: None,
         on_topic_deleted: Callable[[str, bytes], Awaitable[None]] | None = None,
+        flusher: GroupCommitFlusher | None = None,
         now_ms: Callable[[], int] = _ms,
     ) -> None:
         self.node_id = node_id
@@ -150,6 +152,7 @@ class ReplicaManager:
         self._delete_local = delete_local
         self._on_readable = on_readable
         self._on_topic_deleted = on_topic_deleted
+        self._flusher = flusher
         self._now_ms = now_ms
         self._lag_max_ms: int = config["replica.lag.time.max.ms"]
         self.replicas: dict[Key, Replica] = {}
@@ -466,14 +469,24 @@ class ReplicaManager:
                     future.set_exception(KafkaError(code, message))
 
     # -- the leader's follower tracking ----------------------------------------------------------------------
-    def follower_fetch(self, rep: Replica, replica_id: int, fetch_offset: int, log_start: int) -> ErrorCode:
+    def follower_fetch(self, rep: Replica, replica_id: int, fetch_offset: int, log_start: int,
+                       broker_epoch: int = -1) -> ErrorCode:
         """A follower's fetch reached the leader: record where it is (its durable end) and decide what follows
-        (high watermark, ISR expansion, waiting acknowledgements). Kafka's updateFollowerFetchState."""
+        (high watermark, ISR expansion, waiting acknowledgements). Kafka's updateFollowerFetchState.
+
+        A fetch naming a broker epoch older than the follower's registration, or from a broker with no live
+        registration, comes from a stale incarnation (a paused process whose session expired, replaced by a
+        restarted one): STALE_BROKER_EPOCH, and its position counts for nothing (§3). A fetch naming no epoch
+        is not checked."""
         if rep.role is not Role.LEADER:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         f = rep.followers.get(replica_id)
         if f is None:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER  # not an assigned replica of this partition
+        if broker_epoch >= 0:
+            registered = self.image.broker_epoch(replica_id)
+            if registered is None or broker_epoch < registered:
+                return ErrorCode.STALE_BROKER_EPOCH
         plog = rep.part.log
         leo = plog.log_end_offset
         if fetch_offset > leo:
@@ -505,6 +518,8 @@ class ReplicaManager:
             new = min(new, f.fetch_offset)
         if plog.set_high_watermark(new):
             self._on_readable(rep.key)
+            if self._flusher is not None:
+                self._flusher.high_watermark_moved(plog)  # in-process writers waiting on the flusher (coordinators)
         self._complete_acks(rep)
 
     def _caught_up(self, rep: Replica, replica_id: int, now: int) -> bool:
@@ -583,8 +598,9 @@ class ReplicaManager:
         if rep is not None:
             if rep.role is Role.LEADER:
                 self._advance_high_watermark(rep)
-            elif rep.role is Role.FOLLOWER:
-                plog.set_high_watermark(rep.leader_high_watermark)
+            elif rep.role is Role.FOLLOWER and plog.set_high_watermark(rep.leader_high_watermark) and \
+                    self._flusher is not None:
+                self._flusher.high_watermark_moved(plog)
         waits = self._durable_waits.get(id(plog))
         if waits:
             durable = plog.durable_end
@@ -611,7 +627,8 @@ class ReplicaManager:
         if rep is None or rep.role is not Role.FOLLOWER:
             return
         rep.leader_high_watermark = max(rep.leader_high_watermark, leader_high_watermark)
-        rep.part.log.set_high_watermark(rep.leader_high_watermark)
+        if rep.part.log.set_high_watermark(rep.leader_high_watermark) and self._flusher is not None:
+            self._flusher.high_watermark_moved(rep.part.log)
 
     def appended(self, part: Partition) -> None:
         """A produce appended to a partition led here: followers parked in a fetch read it now, before the

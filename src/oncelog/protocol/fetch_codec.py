@@ -40,6 +40,7 @@ __all__ = [
     "FetchRequestData",
     "FetchPartitionResponse",
     "decode_fetch_request",
+    "encode_replica_state_tag",
     "encode_fetch_response",
     "pieces_size",
 ]
@@ -80,6 +81,9 @@ class FetchRequestData:
     topics: list[FetchTopic] = field(default_factory=list)
     forgotten_topics: list[ForgottenTopic] = field(default_factory=list)  # v7+
     rack_id: str = ""  # v11+
+    # The fetching broker's epoch (KIP-380), from a ReplicaState tagged field (Fetch v15's tag 1), which oncelog's
+    # brokers also send at v12; -1 when absent (consumers, Kafka's brokers below v15).
+    replica_epoch: int = -1
 
 
 _HEAD_V4 = struct.Struct(">iiiib")  # replica, max wait, min bytes, max bytes, isolation
@@ -145,6 +149,33 @@ def _read_int32_list(r: Reader, count: int) -> list[int]:
     return list(r.unpack(st))
 
 
+REPLICA_STATE_TAG = 1
+_REPLICA_STATE = struct.Struct(">iq")  # replica id, replica (broker) epoch
+
+
+def _read_top_level_tags(r: Reader) -> int:
+    """The request's top-level tagged fields: the ReplicaState's broker epoch if present (else -1); ClusterId and
+    unknown tags skipped."""
+    epoch = -1
+    for _ in range(r.uvarint()):
+        tag = r.uvarint()
+        size = r.uvarint()
+        start = r.pos
+        if size > r.end - start:
+            raise ProtocolError(f"tagged field {tag} of {size} bytes overruns the request")
+        if tag == REPLICA_STATE_TAG and size >= _REPLICA_STATE.size:
+            epoch = _REPLICA_STATE.unpack_from(r.buf, start)[1]
+        r.pos = start + size
+    return epoch
+
+
+def encode_replica_state_tag(replica_id: int, replica_epoch: int) -> bytes:
+    """The top-level tagged-fields section carrying a ReplicaState (Fetch v15's tag 1): what a follower puts in
+    place of the empty section at the end of a flexible Fetch request."""
+    payload = _REPLICA_STATE.pack(replica_id, replica_epoch) + EMPTY_TAGS
+    return encode_uvarint(1) + encode_uvarint(REPLICA_STATE_TAG) + encode_uvarint(len(payload)) + payload
+
+
 def decode_fetch_request(body: memoryview, version: int) -> FetchRequestData:
     """Decode a Fetch request body (the bytes after the request header).
 
@@ -165,6 +196,7 @@ def decode_fetch_request(body: memoryview, version: int) -> FetchRequestData:
     topics: list[FetchTopic] = []
     forgotten: list[ForgottenTopic] = []
     rack_id = ""
+    replica_epoch = -1
     if flexible:
         for _ in range(r.compact_array_len(3)):
             name = r.compact_string()
@@ -177,7 +209,10 @@ def decode_fetch_request(body: memoryview, version: int) -> FetchRequestData:
             r.skip_tags()
             forgotten.append(ForgottenTopic(name, indexes))
         rack_id = r.compact_string()
-        r.skip_tags()
+        if r.pos < r.end and r.buf[r.pos] != 0:
+            replica_epoch = _read_top_level_tags(r)
+        else:
+            r.skip_tags()
     else:
         for _ in range(r.array_len(6)):
             name = r.string()
@@ -192,7 +227,7 @@ def decode_fetch_request(body: memoryview, version: int) -> FetchRequestData:
     r.expect_end("Fetch request")
     return FetchRequestData(
         replica_id, max_wait_ms, min_bytes, max_bytes, isolation,
-        session_id, session_epoch, topics, forgotten, rack_id,
+        session_id, session_epoch, topics, forgotten, rack_id, replica_epoch,
     )
 
 

@@ -359,3 +359,19 @@ def test_not_a_replica_any_more(cluster):
     info = c.image.topics[T]
     c.image.apply_topic(dataclasses.replace(info, assignment={0: PartitionAssignment((B2, B3))}, version=1))
     assert KEY not in c.rm.replicas and deleted == [KEY]
+
+
+def test_a_stale_incarnation_is_refused(cluster):
+    c = cluster
+    r = rep(c)
+    plog = r.part.log
+    append(c, 2)
+    # Registered epochs are 100 + node id; a fetch naming an older one is from a process that was replaced.
+    assert c.rm.follower_fetch(r, B2, 2, 0, broker_epoch=50) == ErrorCode.STALE_BROKER_EPOCH
+    assert c.rm.follower_fetch(r, B3, 2, 0, broker_epoch=103) == ErrorCode.NONE
+    assert plog.high_watermark == 0  # the refused fetch counted for nothing
+    assert c.rm.follower_fetch(r, B2, 2, 0, broker_epoch=102) == ErrorCode.NONE
+    assert plog.high_watermark == 2
+    c.image.remove_broker(B3)
+    assert c.rm.follower_fetch(r, B3, 2, 0, broker_epoch=103) == ErrorCode.STALE_BROKER_EPOCH
+    assert c.rm.follower_fetch(r, B2, 2, 0) == ErrorCode.NONE  # no epoch named: not checked

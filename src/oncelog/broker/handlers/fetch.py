@@ -125,7 +125,7 @@ def _replica_verdicts(broker: BrokerServices, req: Any) -> dict[tuple[str, int],
             part = access.leader(topic.name, fp.partition, fp.current_leader_epoch)
             if not isinstance(part, ErrorCode):
                 verdicts[(topic.name, fp.partition)] = access.replica_fetch(
-                    part, req.replica_id, fp.fetch_offset, fp.log_start_offset)
+                    part, req.replica_id, fp.fetch_offset, fp.log_start_offset, req.replica_epoch)
     return verdicts
 
 
