@@ -12,6 +12,7 @@ Needs `java` (and `mvn` until the jars are cached); without them, a one-line err
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,7 +72,7 @@ def _start(args: argparse.Namespace) -> int:
     try:
         try:
             service.java = java_executable()
-            if cached_classpath() is None:
+            if cached_classpath() is None and shutil.which("mvn"):
                 print("oncelog: resolving ZooKeeper's jars with Maven (first use only)", file=sys.stderr,
                       flush=True)
             service.classpath = zookeeper_classpath()
