@@ -335,3 +335,87 @@ def test_failover_cuts_the_old_leaders_unacknowledged_tail_and_keeps_producer_st
         wait_for(lambda n=c.nodes[node_id]: log_bytes(c, n) == want, f"broker {node_id} to match the new leader")
     assert read_header(want[-(len(bytes(batch([b"after"], pid, seq)))):]).leader_epoch == 1
     assert c.call(lambda: old.broker.logs.get_partition(T, 0).leader_epochs.entries()) == [(0, 0), (1, 12)]
+
+
+def delete_records(node: Node, offset: int, timeout_ms: int = 20_000) -> tuple[int, int]:
+    from kafka.protocol.admin import DeleteRecordsRequest
+
+    req = DeleteRecordsRequest[2]
+    with Wire(node.bootstrap) as w:
+        resp = w.request(req(topics=[req.DeleteRecordsTopic(name=T, partitions=[
+            req.DeleteRecordsTopic.DeleteRecordsPartition(partition_index=0, offset=offset)])],
+            timeout_ms=timeout_ms), 2)
+    (p,) = resp.topics[0].partitions
+    return p.error_code, p.low_watermark
+
+
+def test_the_log_start_offset_is_replicated_before_it_is_answered(cluster):
+    c = cluster(nodes=4)
+    c.create((1, 2, 3))
+    leader = c.nodes[1]
+    wait_for(lambda: all(T in c.nodes[n].broker.logs.topics for n in (1, 2, 3)), "replicas to open")
+    for i in range(3):
+        assert produce(leader, batch([b"d%d-%d" % (i, j) for j in range(2)])) == (NONE, 2 * i)
+    assert delete_records(leader, 4) == (NONE, 4)
+    # Answered once every ISR member persisted it: a new leader can never answer a lower one (seed 000).
+    starts = c.call(lambda: [c.nodes[n].log().log_start_offset for n in (1, 2, 3)])
+    assert starts == [4, 4, 4]
+    # A new replica (a reassignment adds broker 4) starts empty: its fetch from 0 is out of the leader's range,
+    # so it starts over at the leader's log start and copies from there.
+    def reassign():
+        info = c.image.topics[T]
+        c.image.apply_topic(dataclasses.replace(info, assignment={0: PartitionAssignment((1, 2, 3, 4))},
+                                                version=info.version + 1))
+
+    c.call(reassign)
+    want = log_bytes(c, leader)
+    new = c.nodes[4]
+    wait_for(lambda: c.call(lambda: T in new.broker.logs.topics and new.log().log_end_offset == 6),
+             "broker 4 to copy the log")
+    assert log_bytes(c, new) == want
+    assert c.call(lambda: new.log().log_start_offset) == 4
+
+
+def test_truncation_asks_again_for_an_epoch_the_follower_never_had(cluster):
+    """KIP-279: broker 1 led epochs 0 and 2 with tails nobody else has; broker 2 led epochs 1 and 3. Asked where
+    epoch 2 ends, the new leader answers with epoch 1, which broker 1 never had: it cuts to the end of its own
+    older epoch and asks again, ending at the first offset the two histories differ (3), not at 5."""
+    c = cluster()
+    c.create((1, 2, 3))
+    b1, b2 = c.nodes[1], c.nodes[2]
+    wait_for(lambda: all(T in n.broker.logs.topics for n in c.nodes.values()), "replicas to open")
+
+    def isolate(*nodes):  # the node stops learning from the image, as if its watches were slow
+        for n in nodes:
+            c.call(c.image.unsubscribe, c.nodes[n].rm.on_image_delta)
+
+    def rejoin(*nodes):
+        for n in nodes:
+            c.call(c.image.subscribe, c.nodes[n].rm.on_image_delta)
+            c.call(c.nodes[n].rm.reconcile_all)
+
+    for i in range(3):
+        assert produce(b1, batch([b"a%d" % i])) == (NONE, i)
+    for n in (2, 3):
+        c.call(c.nodes[n].fetchers.unfollow, (T, 0))
+    for i in (3, 4):
+        assert produce(b1, batch([b"b1-epoch0-%d" % i]), acks=1) == (NONE, i)
+    isolate(1)
+    c.elect(2, (2, 3))  # epoch 1
+    for i in range(3, 7):
+        assert produce(b2, batch([b"b2-epoch1-%d" % i]), acks=1) == (NONE, i)
+    isolate(2, 3)
+    c.elect(1, (1,))  # epoch 2, seen by broker 1 only (it never saw epoch 1)
+    rejoin(1)
+    wait_for(lambda: c.call(lambda: b1.rm.replicas[(T, 0)].leader_epoch) == 2, "broker 1 to lead epoch 2")
+    assert produce(b1, batch([b"b1-epoch2"]), acks=1) == (NONE, 5)
+    isolate(1)
+    c.elect(2, (2, 3))  # epoch 3: brokers 2 and 3 learn of it without ever seeing epoch 2
+    rejoin(2, 3)
+    wait_for(lambda: c.call(lambda: b2.rm.replicas[(T, 0)].leader_epoch) == 3, "broker 2 to lead epoch 3")
+    assert produce(b2, batch([b"b2-epoch3"]), acks=1) == (NONE, 7)
+    assert c.call(lambda: b1.broker.logs.get_partition(T, 0).leader_epochs.entries()) == [(0, 0), (2, 5)]
+    rejoin(1)
+    want = log_bytes(c, b2)
+    wait_for(lambda: log_bytes(c, b1) == want, "broker 1 to hold broker 2's log")
+    assert c.call(lambda: b1.broker.logs.get_partition(T, 0).leader_epochs.entries()) == [(0, 0), (1, 3), (3, 7)]

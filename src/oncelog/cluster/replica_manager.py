@@ -283,16 +283,17 @@ class ReplicaManager:
         self._advance_high_watermark(rep)
 
     def _update_leader_state(self, rep: Replica, state: PartitionState) -> None:
-        """The same leadership, a newer state znode: an ISR change written by us or by the controller."""
-        if state.version <= rep.partition_epoch:
-            return
-        rep.state, rep.partition_epoch, rep.isr = state, state.version, state.isr
+        """The same leadership, a newer state znode (an ISR change written by us or by the controller) or a new
+        assignment (a reassignment adds or removes followers)."""
         now = self._now_ms()
         for r in rep.replicas:
             if r != self.node_id and r not in rep.followers:
                 rep.followers[r] = FollowerState(last_caught_up_ms=now if r in state.isr else 0)
+        for r in [r for r in rep.followers if r not in rep.replicas]:
+            del rep.followers[r]
+        if state.version > rep.partition_epoch:
+            rep.state, rep.partition_epoch, rep.isr = state, state.version, state.isr
         self._advance_high_watermark(rep)
-        self._complete_acks(rep)
 
     def _become_follower(self, rep: Replica, state: PartitionState) -> None:
         if rep.role is Role.LEADER:
