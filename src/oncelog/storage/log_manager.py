@@ -7,7 +7,8 @@ Layout (Kafka's where Kafka has one):
   log-start-offset-checkpoint           per partition: the log start offset (DeleteRecords, retention)
   .oncelog_cleanshutdown                written last at a clean shutdown, removed at startup
   __oncelog_meta/topics/<topic>.json    topic id, partition count, config overrides (Kafka keeps these in
-                                        its metadata log; a single broker does not need one)
+                                        its metadata log; a single broker does not need one) and, in cluster
+                                        mode, `local`: the partitions with a replica in this directory
 
 The topic JSON is the source of truth: a partition directory that no topic claims (a crash in the middle of
 deleting a topic or adding partitions) is removed at startup, and `partition.metadata` catches a directory left
@@ -71,9 +72,14 @@ class LogDirError(RuntimeError):
 class TopicMeta:
     name: str
     topic_id: bytes
-    partitions: int
+    partitions: int  # the topic's partition count (in cluster mode: cluster-wide, not only the local ones)
     config: TopicConfig
     internal: bool = False
+    # Cluster mode: the partitions with a replica in this directory. None: every partition (the single node).
+    local: set[int] | None = None
+
+    def local_partitions(self) -> list[int]:
+        return list(range(self.partitions)) if self.local is None else sorted(self.local)
 
 
 def new_cluster_id() -> str:
@@ -120,9 +126,11 @@ class LogManager:
         return self.data_dir / META_DIR / "topics"
 
     # -- startup / shutdown -------------------------------------------------------------------------------
-    def startup(self) -> None:
+    def startup(self, cluster_id: str | None = None) -> None:
+        """Open the directory. `cluster_id` (cluster mode: the one the coordination service holds) is written
+        into a new directory's meta.properties, and a directory of another cluster is refused."""
         self._topics_dir.mkdir(parents=True, exist_ok=True)
-        self._load_meta_properties()
+        self._load_meta_properties(cluster_id)
         marker = self.data_dir / CLEAN_SHUTDOWN_FILE
         clean = marker.exists()
         self.clean_startup = clean
@@ -134,7 +142,7 @@ class LogManager:
         for meta in self._load_topics():
             self.topics[meta.name] = meta
         for meta in self.topics.values():
-            for p in range(meta.partitions):
+            for p in meta.local_partitions():
                 self._open_log(meta, p, recovery_points.get((meta.name, p), 0),
                                (log_starts or {}).get((meta.name, p), 0), clean)
         self._remove_stray_dirs()
@@ -176,13 +184,18 @@ class LogManager:
         self._logs.clear()
         self._partitions.clear()
 
-    def _load_meta_properties(self) -> None:
+    def _load_meta_properties(self, expected_cluster_id: str | None = None) -> None:
         path = self.data_dir / META_PROPERTIES_FILE
         if path.exists():
             props = parse_properties(path.read_text(encoding="utf-8"))
             cluster_id = props.get("cluster.id", "")
             if not cluster_id:
                 raise LogDirError(f"{path} has no cluster.id")
+            if expected_cluster_id is not None and cluster_id != expected_cluster_id:
+                raise LogDirError(
+                    f"The data directory {self.data_dir} belongs to cluster {cluster_id}, but the coordination "
+                    f"service holds cluster {expected_cluster_id}; use another directory or another chroot"
+                )
             stored = props.get("node.id")
             if stored is not None and stored.strip() != str(self.node_id):
                 raise LogDirError(
@@ -191,7 +204,7 @@ class LogManager:
                 )
             self.cluster_id = cluster_id
             return
-        self.cluster_id = new_cluster_id()
+        self.cluster_id = expected_cluster_id or new_cluster_id()
         text = f"#oncelog\nversion=1\ncluster.id={self.cluster_id}\nnode.id={self.node_id}\n"
         atomic_write(path, text.encode())
 
@@ -220,6 +233,7 @@ class LogManager:
                     partitions=int(doc["partitions"]),
                     config=self.config.topic_config(overrides),
                     internal=bool(doc.get("internal", False)),
+                    local=None if doc.get("local") is None else {int(p) for p in doc["local"]},
                 )
             except (ValueError, KeyError, TypeError, ConfigError) as exc:
                 raise LogDirError(f"Topic metadata file {path} is unreadable: {exc}") from exc
@@ -237,6 +251,8 @@ class LogManager:
             "internal": meta.internal,
             "config": {k: TOPIC_KEYS[k].render(v) for k, v in sorted(overrides.items())},
         }
+        if meta.local is not None:
+            doc["local"] = sorted(meta.local)
         atomic_write(self._topics_dir / f"{meta.name}.json", (json.dumps(doc, indent=1) + "\n").encode())
 
     # -- partition directories ---------------------------------------------------------------------------
@@ -297,7 +313,7 @@ class LogManager:
             if not dash or not number.isdigit() or str(int(number)) != number:
                 continue
             meta = self.topics.get(topic)
-            if meta is None or int(number) >= meta.partitions:
+            if meta is None or int(number) not in meta.local_partitions():
                 log.warning("removing %s: no topic claims this partition", entry.path)
                 shutil.rmtree(entry.path, ignore_errors=True)
 
@@ -364,7 +380,7 @@ class LogManager:
         except OSError as exc:
             raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not delete topic '{name}': {exc}") from exc
         del self.topics[name]
-        for p in range(meta.partitions):
+        for p in meta.local_partitions():
             self._partitions.pop((name, p), None)
             plog = self._logs.pop((name, p), None)
             if plog is None:
@@ -421,11 +437,74 @@ class LogManager:
         except OSError as exc:
             raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not persist config of '{name}': {exc}") from exc
         meta.config = config
-        for p in range(meta.partitions):
+        for p in meta.local_partitions():
             plog = self._logs.get((name, p))
             if plog is not None:
                 plog.update_config(config)
         return config
+
+    # -- cluster mode: the replicas assigned to this broker ----------------------------------------------------
+    def open_replica(self, name: str, topic_id: bytes, partition: int, partitions: int,
+                     overrides: Mapping[str, Any] | None = None, internal: bool = False) -> Partition:
+        """The local replica of `name`-`partition` (topic id and partition count as the cluster knows them),
+        created empty if this directory has none. A local topic with another id is an older topic of the same
+        name: delete it first (`delete_topic`)."""
+        meta = self.topics.get(name)
+        if meta is not None and meta.topic_id != topic_id:
+            raise KafkaError(ErrorCode.INCONSISTENT_TOPIC_ID,
+                             f"The local copy of topic '{name}' belongs to an older topic of that name")
+        if meta is not None and meta.local is None:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"Topic '{name}' is a single-node topic here")
+        if meta is None:
+            parsed = self._parse_overrides(overrides or {})
+            meta = TopicMeta(name, topic_id, partitions, self.config.topic_config(parsed), internal, set())
+        part = self._partitions.get((name, partition)) if partition in meta.local else None
+        if part is not None:
+            return part
+        try:
+            plog = self._open_log(meta, partition, 0, 0, clean=True, new=True)
+            fsync_dir(self.data_dir)
+            meta.local.add(partition)
+            meta.partitions = max(meta.partitions, partitions, partition + 1)
+            self._write_topic_meta(meta, meta.partitions, meta.config.overrides)
+        except OSError as exc:
+            meta.local.discard(partition)
+            self._partitions.pop((name, partition), None)
+            opened = self._logs.pop((name, partition), None)
+            if opened is not None:
+                opened.delete()
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Could not create {name}-{partition}: {exc}") from exc
+        self.topics[name] = meta
+        return self._partitions[(name, plog.partition)]
+
+    def set_partition_count(self, name: str, partitions: int) -> None:
+        """Cluster mode: the topic's partition count grew (CreatePartitions elsewhere); persisted."""
+        meta = self._meta(name)
+        if partitions > meta.partitions:
+            meta.partitions = partitions
+            self._write_topic_meta(meta, partitions, meta.config.overrides)
+
+    def delete_replica(self, name: str, partition: int) -> None:
+        """Cluster mode: this directory's replica of one partition goes (a reassignment moved it away); the topic
+        file goes with its last local replica."""
+        meta = self._meta(name)
+        local = set(meta.local_partitions())
+        if partition not in local:
+            return
+        if local == {partition}:
+            self.delete_topic(name)
+            return
+        if meta.local is None:
+            meta.local = local
+        meta.local.discard(partition)
+        self._write_topic_meta(meta, meta.partitions, meta.config.overrides)
+        self._partitions.pop((name, partition), None)
+        plog = self._logs.pop((name, partition), None)
+        if plog is not None:
+            if self.flusher is not None:
+                self.flusher.forget(plog)
+            plog.delete()
+        self._checkpoint_quietly()
 
     # -- logs -----------------------------------------------------------------------------------------------
     def get_log(self, topic: str, partition: int) -> PartitionLog | None:

@@ -203,3 +203,42 @@ def test_corrupt_checkpoint_does_not_stop_startup(manager, tmp_path):
     (tmp_path / "data" / "recovery-point-offset-checkpoint").write_text("garbage")
     again = manager()
     assert again.get_log("t", 0).log_end_offset == 1
+
+
+# -- cluster mode: only the replicas assigned to this broker ---------------------------------------------------
+
+def test_cluster_id_from_the_coordination_service(tmp_path, clock):
+    config = load_broker_config(overrides=["oncelog.fsync.enable=false", "node.id=2"])
+    mgr = LogManager(tmp_path / "data", config, now_ms=clock)
+    mgr.startup(cluster_id="ClusterFromZooKeeper01")
+    assert mgr.cluster_id == "ClusterFromZooKeeper01"
+    mgr.shutdown()
+    again = LogManager(tmp_path / "data", config, now_ms=clock)
+    with pytest.raises(LogDirError, match="belongs to cluster ClusterFromZooKeeper01"):
+        again.startup(cluster_id="AnotherClusterAltogeth")
+
+
+def test_replicas_of_some_partitions_survive_a_restart(manager, tmp_path):
+    mgr = manager()
+    topic_id = bytes(range(16))
+    part = mgr.open_replica("spread", topic_id, 2, 4, {"retention.ms": "1000"})
+    put(part.log, 3)
+    assert mgr.open_replica("spread", topic_id, 2, 4) is part  # opened once
+    mgr.open_replica("spread", topic_id, 0, 4)
+    assert sorted(p.index for p in mgr.all_partitions()) == [0, 2]
+    assert mgr.topics["spread"].partitions == 4 and mgr.topics["spread"].config["retention.ms"] == 1000
+    with pytest.raises(KafkaError) as err:
+        mgr.open_replica("spread", bytes(16), 1, 4)
+    assert err.value.code == ErrorCode.INCONSISTENT_TOPIC_ID
+    mgr.set_partition_count("spread", 6)
+    mgr.shutdown()
+    (tmp_path / "data" / "spread-5").mkdir()  # a directory no replica claims: removed at startup
+    mgr = manager()
+    meta = mgr.topics["spread"]
+    assert (meta.topic_id, meta.partitions, meta.local) == (topic_id, 6, {0, 2})
+    assert mgr.get_log("spread", 2).log_end_offset == 3 and mgr.get_log("spread", 1) is None
+    assert not (tmp_path / "data" / "spread-5").exists()
+    mgr.delete_replica("spread", 2)
+    assert mgr.get_log("spread", 2) is None and not (tmp_path / "data" / "spread-2").exists()
+    mgr.delete_replica("spread", 0)  # the last one: the topic goes
+    assert "spread" not in mgr.topics and not (tmp_path / "data" / "spread-0").exists()
