@@ -201,9 +201,12 @@ class SourceFetcher:
             pass
 
     def _ready(self) -> list[FetchPartition]:
+        """Partitions to fetch now. One whose log end is not yet durable is left out: its fetch offset would
+        report what a power loss could take back (§4.3)."""
         now = _monotonic()
         return [fp for fp in self.partitions.values()
-                if not fp.truncating and not fp.out_of_range and fp.delay_until <= now]
+                if not fp.truncating and not fp.out_of_range and fp.delay_until <= now
+                and fp.part.log.durable_end >= fp.part.log.log_end_offset]
 
     def _next_delay(self) -> float:
         now = _monotonic()
@@ -346,10 +349,6 @@ class SourceFetcher:
     # -- fetching ----------------------------------------------------------------------------------------------
     async def _fetch(self, conn: BrokerConnection, ready: list[FetchPartition]) -> None:
         replicas = self.manager.replicas
-        # The fetch offset is a durable offset (§4.3): nothing unflushed may be reported.
-        unflushed = [fp.part.log for fp in ready if fp.part.log.durable_end < fp.part.log.log_end_offset]
-        if unflushed:
-            await asyncio.gather(*(replicas.wait_durable(plog, plog.log_end_offset) for plog in unflushed))
         topics: dict[str, list[dict[str, int]]] = {}
         for fp in ready:
             plog = fp.part.log
@@ -384,9 +383,16 @@ class SourceFetcher:
                 if self._apply(fp, p):
                     appended.append(fp)
         if appended:
-            # The next fetch reports these offsets as durable: wait for the flush round that covers them.
-            await asyncio.gather(*(replicas.wait_durable(fp.part.log, fp.part.log.log_end_offset)
-                                   for fp in appended))
+            # The next fetch reports these offsets as durable: wait for the flush round that covers them. Bounded,
+            # in case a log goes away meanwhile; a partition still not durable then sits out (see _ready).
+            try:
+                await asyncio.wait_for(asyncio.gather(*(
+                    replicas.wait_durable(fp.part.log, fp.part.log.log_end_offset) for fp in appended)),
+                    self._timeout_ms / 1000)
+            except TimeoutError:
+                log.warning("fetch from broker %d: flush of %s not done in %d ms", self.leader,
+                            [fp.key for fp in appended if fp.part.log.durable_end < fp.part.log.log_end_offset],
+                            self._timeout_ms)
 
     def _apply(self, fp: FetchPartition, p: Any) -> bool:
         """One partition of a fetch response; True if batches were appended."""
