@@ -110,14 +110,7 @@ class Cluster:
         broker = Broker(config, self.root / f"b{node_id}", port=0)
         await broker.start()
         logs = broker.logs
-
-        def ensure_local(topic, index):
-            if topic not in logs.topics:
-                logs.create_topic(topic, self.partitions, {"min.insync.replicas": "2"})
-            return logs.get_partition(topic, index)
-
         rm = ReplicaManager(node_id, self.image, logs, config, write_state=self.store.write_state, lease=Lease(),
-                            ensure_local=ensure_local, delete_local=lambda topic, index: None,
                             on_readable=broker.watchers.notify, flusher=broker.flusher)
         fetchers = ReplicaFetcherManager(node_id, self.image, logs, rm, config,
                                          broker_epoch=lambda: self.image.broker_epoch(node_id) or -1)
@@ -138,6 +131,7 @@ class Cluster:
         def apply():
             self.image.apply_topic(TopicInfo(T, uuid.uuid4().bytes, {
                 p: PartitionAssignment(replicas) for p in range(self.partitions)}, 0, 10))
+            self.image.apply_topic_configs(T, {"min.insync.replicas": "2"}, 0, 10)
             for p in range(self.partitions):
                 self.image.apply_partition_state(T, p, PartitionState(replicas[0], 0, replicas, 1, 0), created=1)
 

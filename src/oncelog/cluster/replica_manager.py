@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
+INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
 
 
 class Role(Enum):
@@ -134,8 +135,8 @@ class ReplicaManager:
         *,
         write_state: WriteState,
         lease: Lease,
-        ensure_local: Callable[[str, int], Partition | None],  # the local copy, opened or created
-        delete_local: Callable[[str, int | None], None],
+        ensure_local: Callable[[str, int], Partition | None] | None = None,
+        delete_local: Callable[[str, int | None], None] | None = None,
         on_readable: Callable[[Key], None] = lambda key: None,
         on_topic_deleted: Callable[[str, bytes], Awaitable[None]] | None = None,
         flusher: GroupCommitFlusher | None = None,
@@ -148,8 +149,9 @@ class ReplicaManager:
         self.fetchers: FollowerFetchers | None = None
         self._write_state = write_state
         self._lease = lease
-        self._ensure_local = ensure_local
-        self._delete_local = delete_local
+        # Where local copies come from and go: the log manager's cluster-mode replicas by default.
+        self._ensure_local = ensure_local or self._open_replica
+        self._delete_local = delete_local or self._delete_replica
         self._on_readable = on_readable
         self._on_topic_deleted = on_topic_deleted
         self._flusher = flusher
@@ -188,6 +190,34 @@ class ReplicaManager:
                     fut.cancel()
         self._durable_waits.clear()
 
+    # -- local copies --------------------------------------------------------------------------------------------
+    def _open_replica(self, topic: str, index: int) -> Partition | None:
+        """The local copy of a partition assigned here, with the topic id, partition count and configs of the
+        image; a local topic of the same name with another id is an older, deleted topic: it goes first."""
+        info = self.image.topics[topic]
+        configs = self.image.topic_configs.get(topic, {})
+        internal = topic in INTERNAL_TOPICS
+        try:
+            return self.logs.open_replica(topic, info.topic_id, index, info.partition_count, configs, internal)
+        except KafkaError as exc:
+            if exc.code != ErrorCode.INCONSISTENT_TOPIC_ID:
+                log.error("%s-%d: cannot open the local replica: %s", topic, index, exc)
+                return None
+        log.info("%s: the local copy is of an older topic of that name; deleting it", topic)
+        self.logs.delete_topic(topic)
+        return self.logs.open_replica(topic, info.topic_id, index, info.partition_count, configs, internal)
+
+    def _delete_replica(self, topic: str, index: int | None) -> None:
+        if topic not in self.logs.topics:
+            return
+        try:
+            if index is None:
+                self.logs.delete_topic(topic)
+            else:
+                self.logs.delete_replica(topic, index)
+        except KafkaError as exc:
+            log.error("deleting the local copy of %s%s failed: %s", topic, "" if index is None else f"-{index}", exc)
+
     # -- applying the image --------------------------------------------------------------------------------------
     def on_image_delta(self, delta: ImageDelta) -> None:
         keys: set[Key] = set(delta.partitions)
@@ -201,8 +231,20 @@ class ReplicaManager:
             keys.update(k for k, r in self.replicas.items() if r.role is Role.LEADER)
         for key in sorted(keys):
             self._reconcile(key)
+        for name in delta.configs:
+            self._apply_configs(name)
         if delta.deletions or delta.topics_removed:
             self._apply_deletions()
+
+    def _apply_configs(self, name: str) -> None:
+        """A topic's config overrides changed in the image: the local copy takes them (they are the full set)."""
+        info, meta = self.image.topics.get(name), self.logs.topics.get(name)
+        if info is None or meta is None or meta.topic_id != info.topic_id:
+            return
+        try:
+            self.logs.alter_topic_config(name, dict(self.image.topic_configs.get(name, {})))
+        except KafkaError as exc:
+            log.error("%s: applying the topic configs failed: %s", name, exc)
 
     def reconcile_all(self) -> None:
         keys = set(self.image.replicas_on(self.node_id)) | set(self.replicas)
@@ -223,7 +265,11 @@ class ReplicaManager:
                     self._delete_local(topic, index)
             return
         state = self.image.partition(topic, index)
-        topic_id = self.image.topics[topic].topic_id
+        info = self.image.topics[topic]
+        topic_id = info.topic_id
+        meta = self.logs.topics.get(topic)
+        if meta is not None and meta.topic_id == topic_id and meta.partitions < info.partition_count:
+            self.logs.set_partition_count(topic, info.partition_count)  # CreatePartitions happened
         if rep is not None and rep.topic_id != topic_id:
             # The topic was deleted and created again under the same name: the old copy is not this one.
             self._remove(rep)

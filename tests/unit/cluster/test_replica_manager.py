@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
 import uuid
 
 import pytest
@@ -18,6 +19,7 @@ from oncelog.cluster.metadata_image import (
     MetadataImage,
     PartitionAssignment,
     PartitionState,
+    TopicDeletion,
     TopicInfo,
 )
 from oncelog.cluster.replica_manager import ReplicaManager, Role
@@ -91,16 +93,11 @@ def cluster(tmp_path):
     for node in (ME, B2, B3):
         image.apply_broker(BrokerInfo(node, "127.0.0.1", 9000 + node, None, 100 + node))
     image.apply_topic(TopicInfo(T, uuid.uuid4().bytes, {0: PartitionAssignment((ME, B2, B3))}, 0, 10))
+    image.apply_topic_configs(T, {"min.insync.replicas": "2"}, 0, 10)
     store, lease, fetchers, clock = Store(image), Lease(), Fetchers(), Clock()
     readable: list = []
 
-    def ensure_local(topic, index):
-        if topic not in logs.topics:
-            logs.create_topic(topic, 1, {"min.insync.replicas": "2"})
-        return logs.get_partition(topic, index)
-
     rm = ReplicaManager(ME, image, logs, config, write_state=store.write_state, lease=lease,
-                        ensure_local=ensure_local, delete_local=lambda topic, index: None,
                         on_readable=readable.append, now_ms=clock)
 
     class Cluster:
@@ -354,11 +351,13 @@ def test_log_start_answered_is_the_isrs_minimum(cluster):
 
 def test_not_a_replica_any_more(cluster):
     c = cluster
-    deleted: list = []
-    c.rm._delete_local = lambda topic, index: deleted.append((topic, index))
+    part = c.logs.get_partition(T, 0)
+    assert c.logs.topics[T].topic_id == c.image.topics[T].topic_id  # opened as the cluster's replica
     info = c.image.topics[T]
     c.image.apply_topic(dataclasses.replace(info, assignment={0: PartitionAssignment((B2, B3))}, version=1))
-    assert KEY not in c.rm.replicas and deleted == [KEY]
+    assert KEY not in c.rm.replicas
+    assert c.logs.get_partition(T, 0) is None and T not in c.logs.topics  # the reassignment moved it away
+    assert not os.path.exists(part.log.directory)
 
 
 def test_a_stale_incarnation_is_refused(cluster):
@@ -375,3 +374,34 @@ def test_a_stale_incarnation_is_refused(cluster):
     c.image.remove_broker(B3)
     assert c.rm.follower_fetch(r, B3, 2, 0, broker_epoch=103) == ErrorCode.STALE_BROKER_EPOCH
     assert c.rm.follower_fetch(r, B2, 2, 0) == ErrorCode.NONE  # no epoch named: not checked
+
+
+def test_topic_configs_from_the_image_apply_to_the_local_copy(cluster):
+    c = cluster
+    r = rep(c)
+    assert c.rm.check_append(r, -1) == ErrorCode.NONE  # ISR of 3, min.insync.replicas 2
+    c.image.apply_topic_configs(T, {"min.insync.replicas": "4"}, 1, 10)
+    assert c.rm.check_append(r, -1) == ErrorCode.NOT_ENOUGH_REPLICAS
+    assert r.part.log.config["min.insync.replicas"] == 4
+
+
+def test_a_deleted_topic_is_deleted_here_and_reported(cluster):
+    c = cluster
+    reported: list = []
+
+    async def report(name, topic_id):
+        reported.append((name, topic_id))
+
+    c.rm._on_topic_deleted = report
+    topic_id = c.image.topics[T].topic_id
+
+    async def scenario():
+        # What the controller writes: the deletion record naming every replica, then the topic goes.
+        c.image.apply_deletion(TopicDeletion(T, {topic_id: (ME, B2, B3)}, 0, 20))
+        assert T in c.logs.topics  # still in the image: nothing deleted yet
+        c.image.remove_topic(T)
+        await asyncio.sleep(0.01)
+        assert T not in c.logs.topics and KEY not in c.rm.replicas
+        assert reported == [(T, topic_id)]
+
+    c.run(scenario())
