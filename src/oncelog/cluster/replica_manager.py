@@ -75,6 +75,8 @@ class FollowerFetchers(Protocol):
 
 # (topic, partition, new state, expected version, controller epoch: None for a leader's ISR write) -> new version
 WriteState = Callable[[str, int, Any, int, "int | None"], Awaitable[int]]
+# (topic, partition, the replica's new role, its leader epoch): told after each role change of a local replica
+RoleListener = Callable[[str, int, "Role", int], None]
 
 
 @dataclass(slots=True)
@@ -164,7 +166,23 @@ class ReplicaManager:
         self._tasks: set[asyncio.Task] = set()
         self._ticker: asyncio.Task | None = None
         self._deleting_done: set[tuple[str, bytes]] = set()
+        self._role_listeners: list[RoleListener] = []
         self._started = False
+
+    def add_role_listener(self, listener: RoleListener) -> None:
+        """Call `listener(topic, partition, role, leader_epoch)` after each role change of a replica here: it became
+        leader (again, when at a newer epoch), became a follower, or stopped (no leader, or no longer assigned).
+        The group and transaction coordinators load and unload their partitions from it. Listeners run inside
+        the change, on the loop, and must not block; register them before `start()` to hear the roles taken
+        at start."""
+        self._role_listeners.append(listener)
+
+    def _tell_role(self, rep: Replica) -> None:
+        for listener in list(self._role_listeners):
+            try:
+                listener(rep.topic, rep.index, rep.role, rep.leader_epoch)
+            except Exception:  # a listener's failure must not stop the role change
+                log.exception("%s: role listener failed", rep.name)
 
     # -- lifecycle ---------------------------------------------------------------------------------------------
     def start(self, fetchers: FollowerFetchers) -> None:
@@ -327,6 +345,7 @@ class ReplicaManager:
         log.info("%s: leader at epoch %d (was %s), ISR %s, log end %d, high watermark %d", rep.name,
                  state.leader_epoch, was.value, list(state.isr), end, plog.high_watermark)
         self._advance_high_watermark(rep)
+        self._tell_role(rep)
 
     def _update_leader_state(self, rep: Replica, state: PartitionState) -> None:
         """The same leadership, a newer state znode (an ISR change written by us or by the controller) or a new
@@ -350,6 +369,7 @@ class ReplicaManager:
         rep.state, rep.partition_epoch, rep.isr = state, state.version, state.isr
         rep.followers = {}
         log.info("%s: follower of broker %d at epoch %d", rep.name, state.leader, state.leader_epoch)
+        self._tell_role(rep)  # before the fetcher may truncate what a coordinator here loaded
         if self.fetchers is not None:
             self.fetchers.follow(rep.key, rep.part, state.leader, state.leader_epoch)
 
@@ -359,10 +379,13 @@ class ReplicaManager:
         if rep.role is Role.FOLLOWER and self.fetchers is not None:
             self.fetchers.unfollow(rep.key)
         rep.part.leader_epoch = -1
+        was = rep.role
         rep.role, rep.leader, rep.followers = Role.STOPPED, -1, {}
         if state is not None:
             rep.state, rep.partition_epoch, rep.isr = state, state.version, state.isr
             rep.leader_epoch = state.leader_epoch
+        if was is not Role.STOPPED:
+            self._tell_role(rep)
 
     def _remove(self, rep: Replica) -> None:
         self._stop_serving(rep, None)
