@@ -39,7 +39,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from .broker.server import Broker
+    from .broker.server import Broker, StartError
 
     text = args.config.read_text() if args.config else None
     config = load_broker_config(text, args.set)
@@ -49,12 +49,32 @@ async def _serve(args: argparse.Namespace) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await broker.start()
+    # A cluster-mode start may wait for the coordination service: a signal meanwhile ends it cleanly.
+    starting = loop.create_task(broker.start())
+    stopping = loop.create_task(stop.wait())
+    await asyncio.wait([starting, stopping], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        await broker.stop()
+        return 0
+    try:
+        starting.result()
+    except StartError as exc:
+        stopping.cancel()
+        print(f"oncelog: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 1
     print(f"oncelog listening on {broker.host}:{broker.port}", flush=True)
     if broker.metrics_port is not None:
         print(f"oncelog metrics on {args.metrics_listen[0]}:{broker.metrics_port}", flush=True)
-    await stop.wait()
+    failing = loop.create_task(broker.fatal.wait())
+    await asyncio.wait([stopping, failing], return_when=asyncio.FIRST_COMPLETED)
+    stopping.cancel()
+    failing.cancel()
     await broker.stop()
+    if broker.fatal.is_set():
+        print(f"oncelog: stopped: {broker.fatal_reason}", file=sys.stderr, flush=True)
+        return 1
     return 0
 
 

@@ -224,6 +224,9 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("oncelog.coordination.session.timeout.ms", TYPE_INT, 9000,
                   "ZooKeeper session timeout: how long a dead or paused broker keeps its registration and "
                   "leaderships.", at_least(1)),
+        ConfigKey("oncelog.coordination.connection.timeout.ms", TYPE_INT, 60000,
+                  "How long a starting broker retries an unreachable coordination service before it gives up "
+                  "(Kafka's zookeeper.connection.timeout.ms).", at_least(1)),
         ConfigKey("replica.lag.time.max.ms", TYPE_LONG, 30000,
                   "A follower that has not caught up for this long is removed from the ISR.", at_least(1)),
         ConfigKey("unclean.leader.election.enable", TYPE_BOOLEAN, False,
@@ -245,6 +248,10 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   at_least(0)),
         ConfigKey("controlled.shutdown.enable", TYPE_BOOLEAN, True,
                   "On shutdown, ask the controller to move this broker's leaderships away first."),
+        ConfigKey("controlled.shutdown.max.retries", TYPE_INT, 3,
+                  "Further attempts at a controlled shutdown that left leaderships here.", at_least(0)),
+        ConfigKey("controlled.shutdown.retry.backoff.ms", TYPE_LONG, 5000,
+                  "Pause between controlled shutdown attempts.", at_least(0)),
         ConfigKey("replica.fetch.max.bytes", TYPE_INT, 1048576,
                   "Bytes a follower asks for per partition in one fetch.", at_least(0)),
         ConfigKey("replica.fetch.response.max.bytes", TYPE_INT, 10485760,

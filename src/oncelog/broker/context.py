@@ -12,13 +12,14 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
     from ..coordinator.group import GroupCoordinator
     from ..coordinator.txn.coordinator import TransactionCoordinator
     from ..coordinator.txn.producer_ids import ProducerIdManager
+    from ..errors import ErrorCode
     from ..storage.flusher import GroupCommitFlusher
     from ..storage.log_manager import LogManager
     from .delayed import PartitionWatchers
@@ -59,6 +60,14 @@ class RequestDispatcher(Protocol):
     def supported_versions(self) -> list[tuple[int, int, int]]: ...
 
 
+class CoordinatorNode(NamedTuple):
+    """The broker FindCoordinator names: the leader of the key's internal-topic partition."""
+
+    node_id: int
+    host: str
+    port: int
+
+
 class BrokerServices(Protocol):
     """What the handlers take from the broker: identity, storage, coordinators, metrics, watchers.
 
@@ -93,8 +102,18 @@ class BrokerServices(Protocol):
     def watchers(self) -> PartitionWatchers: ...
     @property
     def dispatcher(self) -> RequestDispatcher: ...
+    @property
+    def cluster(self) -> Any:
+        """Cluster mode (`cluster_mode.ClusterMode`: image, controller, forwarding), None on the single node."""
+        ...
 
     async def init_transactional_producer(self, req: Any, version: int) -> dict[str, Any]: ...
+
+    def coordinator_node(self, topic: str, partition: int) -> CoordinatorNode | ErrorCode:
+        """The broker whose coordinator serves the keys of internal `topic`-`partition`: its leader as this broker
+        sees it (the single node: itself). COORDINATOR_NOT_AVAILABLE while the partition has no leader, or the
+        topic does not exist yet and cannot be created with its replication factor (fewer live brokers)."""
+        ...
 
 
 Handler = Callable[[BrokerServices, RequestContext, memoryview], Awaitable[Any]]

@@ -32,13 +32,18 @@ _SIZE = struct.Struct(">i")
 
 
 class Dispatcher:
-    def __init__(self, broker: BrokerServices, handlers: dict[int, Handler]) -> None:
+    """`handlers` are served and advertised; `internal` ones (inter-broker requests such as ControlledShutdown)
+    are served but never advertised: clients have no use for them."""
+
+    def __init__(self, broker: BrokerServices, handlers: dict[int, Handler],
+                 internal: dict[int, Handler] | None = None) -> None:
         self.broker = broker
-        self.handlers = handlers
+        self.advertised = dict(handlers)
+        self.handlers = {**handlers, **(internal or {})}
 
     def supported_versions(self) -> list[tuple[int, int, int]]:
         """(api key, min, max) for every API with a real handler: what ApiVersions advertises."""
-        return [(k, SPECS[k].min_version, SPECS[k].max_version) for k in sorted(self.handlers)]
+        return [(k, SPECS[k].min_version, SPECS[k].max_version) for k in sorted(self.advertised)]
 
     def dispatch(self, conn: ClientConnection, frame: bytearray, fut: asyncio.Future, seq: int) -> None:
         try:

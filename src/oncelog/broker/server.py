@@ -3,6 +3,10 @@
 One asyncio loop runs every connection and every partition append; the only work
 that leaves the loop is fsync (the group-commit flusher's worker thread) and the
 Prometheus scrape thread.
+
+With `oncelog.coordination.connect` set the broker joins a cluster (`cluster_mode.ClusterMode`, imported only
+then: the single node never loads kazoo). Cluster mode has no transaction coordinator yet (its markers would have
+to reach partition leaders on other brokers); each broker keeps its own, unreplicated group coordinator.
 """
 
 from __future__ import annotations
@@ -17,16 +21,22 @@ from ..config import BrokerConfig
 from ..coordinator.group import GroupCoordinator
 from ..coordinator.txn.coordinator import TransactionCoordinator
 from ..coordinator.txn.producer_ids import ProducerIdManager
+from ..errors import ErrorCode
 from ..storage.flusher import GroupCommitFlusher
 from ..storage.log_manager import LogManager
 from .connection import Connection
+from .context import CoordinatorNode
 from .delayed import PartitionWatchers
 from .dispatch import Dispatcher
-from .handlers import HANDLERS
+from .handlers import HANDLERS, INTERNAL_HANDLERS
 from .metrics import BrokerMetrics
 from .partition_access import LocalPartitionAccess, PartitionAccess
 
 log = logging.getLogger("oncelog.broker")
+
+
+class StartError(RuntimeError):
+    """The broker cannot start as configured; the message says why (the process exits non-zero with it)."""
 
 
 def now_ms() -> int:
@@ -64,7 +74,15 @@ class Broker:
         self.producer_ids = ProducerIdManager(self.data_dir / "__oncelog_meta" / "producer-ids.json")
         self.txn_coordinator: TransactionCoordinator | None = None
         self.group_coordinator: GroupCoordinator | None = None
-        self.dispatcher = Dispatcher(self, HANDLERS)
+        self.dispatcher = Dispatcher(self, HANDLERS, INTERNAL_HANDLERS)
+        # Cluster mode (None: the single node). Set fatal when the broker must end (its node.id was taken while
+        # its session was lost); `fatal_reason` says why.
+        self.cluster: Any = None
+        self.fatal = asyncio.Event()
+        if config["oncelog.coordination.connect"]:
+            from .cluster_mode import ClusterMode
+
+            self.cluster = ClusterMode(self)
         self.connections: set[Connection] = set()
         self._server: asyncio.base_events.Server | None = None
         self._tasks: list[asyncio.Task] = []
@@ -74,6 +92,10 @@ class Broker:
     @property
     def cluster_id(self) -> str:
         return self.logs.cluster_id
+
+    @property
+    def fatal_reason(self) -> str | None:
+        return None if self.cluster is None else self.cluster.fatal_reason
 
     @property
     def advertised(self) -> tuple[str, int]:
@@ -86,20 +108,45 @@ class Broker:
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
+        """Start serving. Raises StartError when the broker cannot (after releasing what it opened)."""
+        try:
+            await self._start()
+        except BaseException as exc:
+            await self._abort()
+            if self.cluster is not None:
+                from ..cluster.metadata_store import StoreError
+                from .cluster_mode import ClusterStartError
+
+                if isinstance(exc, (ClusterStartError, StoreError)):
+                    raise StartError(str(exc)) from None
+            from ..storage.log_manager import LogDirError
+
+            if isinstance(exc, LogDirError):
+                raise StartError(str(exc)) from None
+            raise
+
+    async def _start(self) -> None:
         loop = asyncio.get_running_loop()
-        self.logs.startup()
-        self.producer_ids.load()
-        self.txn_coordinator = TransactionCoordinator(self)
-        self.txn_coordinator.startup()
-        self.logs.set_verify_transaction(self.txn_coordinator.verify_partition)
+        if self.cluster is not None:
+            self.logs.startup(cluster_id=await self.cluster.connect())
+            self.cluster.wire()
+        else:
+            self.logs.startup()
+            self.producer_ids.load()
+            self.txn_coordinator = TransactionCoordinator(self)
+            self.txn_coordinator.startup()
+            self.logs.set_verify_transaction(self.txn_coordinator.verify_partition)
         self.group_coordinator = GroupCoordinator.for_broker(self)
         self.group_coordinator.startup()
         self.flusher.start()
-        self.txn_coordinator.start()
+        if self.txn_coordinator is not None:
+            self.txn_coordinator.start()
         self.group_coordinator.start()
         self._server = await loop.create_server(lambda: Connection(self), self.host, self.port, backlog=1024)
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
+        if self.cluster is not None:
+            await self.cluster.join(*self.advertised)
         if self.metrics_listen is not None:
             self.metrics.watch_partitions(self._partition_snapshot, self.logs.all_partitions)
             self.metrics.watch_transactions(self)
@@ -109,12 +156,22 @@ class Broker:
             loop.create_task(self._every(self.config["log.flush.offset.checkpoint.interval.ms"], self.logs.checkpoint)),
             loop.create_task(self._every(min(10000, self.config["connections.max.idle.ms"]), self._close_idle)),
             loop.create_task(
-                self._every(self.config["producer.id.expiration.check.interval.ms"], self.logs.expire_producers)
+                self._every(self.config["producer.id.expiration.check.interval.ms"],
+                            self.logs.expire_producers if self.cluster is None else self.cluster.expire_producers)
             ),
         ]
         log.info("broker %d started, cluster id %s, data in %s", self.node_id, self.cluster_id, self.data_dir)
 
     async def stop(self) -> None:
+        if self._stopping:
+            return
+        if self.cluster is not None and not self.fatal.is_set():
+            # Leaderships move while this broker still serves: clients follow them instead of meeting errors.
+            await self.cluster.controlled_shutdown()
+        await self._abort()
+
+    async def _abort(self) -> None:
+        """Close everything opened so far (also after a failed start)."""
         if self._stopping:
             return
         self._stopping = True
@@ -125,12 +182,15 @@ class Broker:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.cluster is not None:
+            await self.cluster.stop()
         if self.txn_coordinator is not None:
             await self.txn_coordinator.stop()
         if self.group_coordinator is not None:
             await self.group_coordinator.stop()
         await self.flusher.stop()
-        self.logs.shutdown()
+        if self.logs.cluster_id:  # storage was opened
+            self.logs.shutdown()
         self.metrics.stop()
         log.info("broker stopped cleanly")
 
@@ -166,8 +226,16 @@ class Broker:
     def unregister_connection(self, conn: Connection) -> None:
         self.connections.discard(conn)
 
+    # -- coordinators -------------------------------------------------------------------------------
+    def coordinator_node(self, topic: str, partition: int) -> CoordinatorNode | ErrorCode:
+        """FindCoordinator: who coordinates the keys of internal `topic`-`partition`. The single node: itself."""
+        host, port = self.advertised
+        return CoordinatorNode(self.node_id, host, port)
+
     # -- transactions -------------------------------------------------------------------------------
     async def init_transactional_producer(self, req: Any, version: int) -> dict[str, Any]:
+        if self.txn_coordinator is None:
+            return {"error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "producer_id": -1, "producer_epoch": -1}
         result = await self.txn_coordinator.init_producer_id(
             req.transactional_id, req.transaction_timeout_ms,
             req.producer_id if version >= 3 else -1, req.producer_epoch if version >= 3 else -1, version,
@@ -177,6 +245,8 @@ class Broker:
     # -- partitions -------------------------------------------------------------------------------
     def _on_high_watermark(self, plog: Any) -> None:
         self.watchers.notify((plog.topic, plog.partition))
+        if self.cluster is not None:
+            self.cluster.on_flushed(plog)  # a follower's durable end, a leader's high watermark
 
     def _partition_snapshot(self):
         return [(plog.topic, plog.partition, plog) for plog in list(self.logs.all_logs())]

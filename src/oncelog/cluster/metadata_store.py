@@ -69,6 +69,7 @@ CLUSTER_ID = "/cluster_id"
 TOPICS = "/topics"
 TOPIC_CONFIGS = "/configs/topics"
 DELETING = "/deleting"
+PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 
 _CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
 
@@ -757,6 +758,31 @@ class MetadataStore:
             except (BadVersionError, NoNodeError):
                 continue
         raise StaleVersion(f"/deleting/{topic} kept changing")
+
+    async def allocate_producer_ids(self, node_id: int, block_size: int) -> tuple[int, int]:
+        """Reserve the next `block_size` producer ids for this broker: a CAS on /latest_producer_id_block, which
+        holds the end of the last block handed out (Kafka's ZooKeeper-era allocation), so ids are unique across
+        the cluster and never reused, whatever happens to a broker's disk. Returns [start, end)."""
+        self._require_connected()
+        path = self._p(PRODUCER_ID_BLOCK)
+        for _ in range(100):
+            try:
+                data, stat = await self._call(self._kz().get_async(path))
+            except NoNodeError:
+                try:
+                    await self._call(self._kz().create_async(path, _dump({"broker": node_id, "block_start": 0,
+                                                                          "block_end": block_size})))
+                    return 0, block_size
+                except NodeExistsError:
+                    continue
+            start = int(_load(data)["block_end"])
+            value = _dump({"broker": node_id, "block_start": start, "block_end": start + block_size})
+            try:
+                await self._call(self._kz().set_async(path, value, version=stat.version))
+                return start, start + block_size
+            except BadVersionError:
+                continue
+        raise StaleVersion("/latest_producer_id_block kept changing")
 
     # ---- reads (each sets its watch and applies to the image) ------------------------------------------------
 

@@ -17,6 +17,7 @@ class ApiKey(IntEnum):
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    CONTROLLED_SHUTDOWN = 7  # inter-broker only: accepted, never advertised (broker/dispatch.py)
     OFFSET_COMMIT = 8
     OFFSET_FETCH = 9
     FIND_COORDINATOR = 10
@@ -42,6 +43,9 @@ class ApiKey(IntEnum):
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
+    ELECT_LEADERS = 43
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
@@ -68,9 +72,10 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.FETCH, 4, 12, 12),
         ApiSpec(ApiKey.LIST_OFFSETS, 1, 7, 6),
         ApiSpec(ApiKey.METADATA, 0, 12, 9),
+        ApiSpec(ApiKey.CONTROLLED_SHUTDOWN, 3, 3, 3),
         ApiSpec(ApiKey.OFFSET_COMMIT, 2, 9, 8),
         ApiSpec(ApiKey.OFFSET_FETCH, 1, 9, 6),
-        ApiSpec(ApiKey.FIND_COORDINATOR, 0, 5, 3),
+        ApiSpec(ApiKey.FIND_COORDINATOR, 0, 6, 3),
         ApiSpec(ApiKey.JOIN_GROUP, 0, 9, 6),
         ApiSpec(ApiKey.HEARTBEAT, 0, 4, 4),
         ApiSpec(ApiKey.LEAVE_GROUP, 0, 5, 4),
@@ -92,7 +97,10 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, 1, 4, 2),
         ApiSpec(ApiKey.CREATE_PARTITIONS, 0, 3, 2),
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2, 2),
+        ApiSpec(ApiKey.ELECT_LEADERS, 0, 2, 2),
         ApiSpec(ApiKey.INCREMENTAL_ALTER_CONFIGS, 0, 1, 1),
+        ApiSpec(ApiKey.ALTER_PARTITION_REASSIGNMENTS, 0, 1, 0),
+        ApiSpec(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, 0, 0),
         ApiSpec(ApiKey.OFFSET_DELETE, 0, 0, -1),
         ApiSpec(ApiKey.DESCRIBE_CLUSTER, 0, 1, 0),
         ApiSpec(ApiKey.DESCRIBE_PRODUCERS, 0, 0, 0),

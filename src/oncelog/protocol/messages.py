@@ -16,11 +16,12 @@ import kafka.protocol.metadata as _metadata
 import kafka.protocol.producer as _producer
 import kafka.protocol.sasl as _sasl
 
+from . import inter_broker as _inter_broker
 from .primitives import ProtocolError
 
 REQUESTS: dict[int, Any] = {}
 RESPONSES: dict[int, Any] = {}
-for _module in (_admin, _consumer, _metadata, _producer, _sasl):
+for _module in (_admin, _consumer, _metadata, _producer, _sasl, _inter_broker):
     for _name in _module.__all__:
         _cls = getattr(_module, _name)
         if hasattr(_cls, "API_KEY") and hasattr(_cls, "json"):

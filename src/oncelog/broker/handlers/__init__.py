@@ -1,6 +1,7 @@
 """One module per API family; HANDLERS maps API keys to the coroutine that serves them.
 
-Only APIs listed here are advertised in ApiVersions.
+Only APIs listed in HANDLERS are advertised in ApiVersions; INTERNAL_HANDLERS serve requests between brokers
+(never advertised).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from . import (
     fetch,
     groups,
     leader_epochs,
+    leadership,
     list_offsets,
     metadata,
     offsets,
@@ -58,4 +60,11 @@ HANDLERS = {
     ApiKey.OFFSET_COMMIT: offsets.handle_offset_commit,
     ApiKey.OFFSET_FETCH: offsets.handle_offset_fetch,
     ApiKey.OFFSET_DELETE: offsets.handle_offset_delete,
+    ApiKey.ELECT_LEADERS: leadership.handle_elect_leaders,
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: leadership.handle_alter_partition_reassignments,
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: leadership.handle_list_partition_reassignments,
+}
+
+INTERNAL_HANDLERS = {
+    ApiKey.CONTROLLED_SHUTDOWN: leadership.handle_controlled_shutdown,
 }

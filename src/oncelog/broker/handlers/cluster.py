@@ -1,4 +1,8 @@
-"""DescribeCluster and DescribeLogDirs for the single-broker cluster."""
+"""DescribeCluster and DescribeLogDirs.
+
+DescribeCluster names every live broker and the controller (the single node: itself; cluster mode: from the
+metadata image). DescribeLogDirs lists the partitions with a replica in this broker's data directory (cluster mode:
+the replicas the image assigns here, followers included)."""
 
 from __future__ import annotations
 
@@ -16,11 +20,19 @@ if TYPE_CHECKING:
 
 async def handle_describe_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_CLUSTER, ctx.api_version, body)
-    host, port = broker.advertised
+    cluster = getattr(broker, "cluster", None)
+    if cluster is None:
+        host, port = broker.advertised
+        brokers = [{"broker_id": broker.node_id, "host": host, "port": port, "rack": None}]
+        controller_id = broker.node_id
+    else:
+        brokers = [{"broker_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+                   for _, b in sorted(cluster.image.brokers.items())]
+        controller_id = cluster.image.controller_id
     data = {
         "throttle_time_ms": 0, "error_code": 0, "error_message": None, "endpoint_type": 1,
-        "cluster_id": broker.cluster_id, "controller_id": broker.node_id,
-        "brokers": [{"broker_id": broker.node_id, "host": host, "port": port, "rack": None}],
+        "cluster_id": broker.cluster_id, "controller_id": controller_id,
+        "brokers": brokers,
         "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
     }
     if ctx.api_version >= 1 and req.endpoint_type not in (1,):
@@ -41,7 +53,8 @@ async def handle_describe_log_dirs(broker: BrokerServices, ctx: RequestContext, 
             continue
         by_topic.setdefault(plog.topic, []).append({
             "partition_index": plog.partition, "partition_size": plog.size_bytes,
-            "offset_lag": 0, "is_future_key": False,
+            # Kafka's lag of a current replica: how far its high watermark is ahead of its log end (0 mostly).
+            "offset_lag": max(plog.high_watermark - plog.log_end_offset, 0), "is_future_key": False,
         })
     usage = shutil.disk_usage(broker.data_dir)
     result = {

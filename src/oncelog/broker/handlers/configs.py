@@ -2,6 +2,10 @@
 
 Broker settings come from server.properties and `--set` and are static: describing
 them works, altering them is refused with a message saying where to change them.
+
+In cluster mode topic configs live on ZooKeeper: DescribeConfigs reads them from this broker's metadata image,
+IncrementalAlterConfigs is carried out by the controller (controller_requests.py), which computes the new
+override set from its image and writes it with a compare-and-set; every broker applies it by watch.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from ...config import BROKER_KEYS, TOPIC_KEYS, TYPE_LIST, ConfigError, TopicConf
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from . import controller_requests
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -78,12 +83,12 @@ async def handle_describe_configs(broker: BrokerServices, ctx: RequestContext, b
         }
         keys = list(res.configuration_keys) if res.configuration_keys is not None else None
         if res.resource_type == RESOURCE_TOPIC:
-            meta = broker.logs.topics.get(res.resource_name)
-            if meta is None:
+            config = _topic_config(broker, res.resource_name)
+            if config is None:
                 out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 out["error_message"] = f"Topic {res.resource_name} does not exist"
             else:
-                out["configs"] = describe_topic_entries(broker, meta.config, keys, req.include_synonyms, docs)
+                out["configs"] = describe_topic_entries(broker, config, keys, req.include_synonyms, docs)
         elif res.resource_type == RESOURCE_BROKER:
             if res.resource_name not in ("", str(broker.node_id)):
                 out["error_code"] = ErrorCode.INVALID_REQUEST
@@ -95,6 +100,21 @@ async def handle_describe_configs(broker: BrokerServices, ctx: RequestContext, b
             out["error_message"] = f"Resource type {res.resource_type} is not supported"
         results.append(out)
     return encode_response(ApiKey.DESCRIBE_CONFIGS, ctx.api_version, {"throttle_time_ms": 0, "results": results})
+
+
+def _topic_config(broker: BrokerServices, name: str) -> TopicConfig | None:
+    """A topic's effective config: the local topic's, or in cluster mode the image's overrides over the broker's
+    defaults."""
+    if controller_requests.in_cluster(broker):
+        image = broker.cluster.image
+        if name not in image.topics:
+            return None
+        try:
+            return broker.config.topic_config(parse_topic_overrides(image.topic_configs.get(name, {})))
+        except ConfigError:
+            return broker.config.topic_config({})
+    meta = broker.logs.topics.get(name)
+    return None if meta is None else meta.config
 
 
 def _apply(current: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
@@ -131,6 +151,8 @@ def _apply(current: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
 
 async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.INCREMENTAL_ALTER_CONFIGS, ctx.api_version, body)
+    if controller_requests.in_cluster(broker):
+        return await _alter_in_cluster(broker, ctx, body, req)
     responses = []
     for res in req.resources:
         out = {"error_code": 0, "error_message": None, "resource_type": res.resource_type,
@@ -155,3 +177,63 @@ async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestC
     return encode_response(
         ApiKey.INCREMENTAL_ALTER_CONFIGS, ctx.api_version, {"throttle_time_ms": 0, "responses": responses}
     )
+
+
+async def _alter_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview, req: Any) -> bytes:
+    cluster = broker.cluster
+    image = cluster.image
+    before = {res.resource_name: image.config_version(res.resource_name) for res in req.resources
+              if res.resource_type == RESOURCE_TOPIC}
+
+    async def run_here() -> dict[str, Any]:
+        responses = []
+        for res in req.resources:
+            out = {"error_code": 0, "error_message": None, "resource_type": res.resource_type,
+                   "resource_name": res.resource_name}
+            responses.append(out)
+            try:
+                if res.resource_type == RESOURCE_BROKER:
+                    raise KafkaError(
+                        ErrorCode.INVALID_REQUEST,
+                        "Broker configs are static here: set them in server.properties or with --set and restart",
+                    )
+                if res.resource_type != RESOURCE_TOPIC:
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, f"Resource type {res.resource_type} is not supported")
+                name = res.resource_name
+                if name not in image.topics:
+                    raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {name} does not exist")
+                try:
+                    current = parse_topic_overrides(image.topic_configs.get(name, {}))
+                except ConfigError:
+                    current = {}
+                overrides = _apply(current, list(res.configs))
+                if req.validate_only:
+                    continue
+                result = await cluster.controller.set_topic_configs(
+                    name, {k: TOPIC_KEYS[k].render(v) for k, v in overrides.items()})
+                out["error_code"], out["error_message"] = result.code, result.message
+            except KafkaError as exc:
+                out["error_code"], out["error_message"] = exc.code, exc.message
+        return {"throttle_time_ms": 0, "responses": responses}
+
+    def settled(response: Any) -> Any:
+        changed = [] if req.validate_only else [
+            r.resource_name for r in response.responses if r.error_code == 0 and r.resource_type == RESOURCE_TOPIC]
+
+        def done() -> bool:
+            for name in changed:
+                version = image.config_version(name)
+                if name in image.topics and version is not None and before.get(name) is not None \
+                        and version <= before[name]:
+                    return False
+            return True
+
+        return done
+
+    def failed(code: ErrorCode, message: str) -> dict[str, Any]:
+        return {"throttle_time_ms": 0, "responses": [
+            {"error_code": code, "error_message": message, "resource_type": res.resource_type,
+             "resource_name": res.resource_name} for res in req.resources]}
+
+    return await controller_requests.answer(broker, ctx, body, controller_requests.DEFAULT_TIMEOUT_MS, run_here,
+                                            settled, failed)

@@ -1,5 +1,10 @@
 """Metadata: topics with each partition's leader, epoch, replicas and ISR as the partition access describes
-them (the single node: itself, epoch 0); auto-creation on first request."""
+them (the single node: itself, epoch 0); auto-creation on first request.
+
+In cluster mode everything comes from this broker's metadata image: every live broker, the controller, each
+topic's id and partitions with their leader, leader epoch, replicas, ISR and offline replicas
+(LEADER_NOT_AVAILABLE for a partition without a leader). An auto-created topic is created by the controller
+with default.replication.factor; meanwhile the topic is answered LEADER_NOT_AVAILABLE, as Kafka does."""
 
 from __future__ import annotations
 
@@ -19,7 +24,35 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncelog.metadata")
 
 
+def _error_entry(name: str, error: int) -> dict[str, Any]:
+    return {
+        "error_code": error,
+        "name": name,
+        "topic_id": topic_uuid(None),
+        "is_internal": False,
+        "partitions": [],
+        "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
+    }
+
+
+def _cluster_topic_entry(broker: BrokerServices, name: str, error: int = 0) -> dict[str, Any]:
+    info = broker.cluster.image.topics.get(name)
+    if info is None or error:
+        return _error_entry(name, error or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    describe = broker.partitions.describe
+    return {
+        "error_code": 0,
+        "name": name,
+        "topic_id": topic_uuid(info.topic_id),
+        "is_internal": name.startswith("__"),
+        "partitions": [_partition_entry(p, describe(name, p)) for p in sorted(info.assignment)],
+        "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
+    }
+
+
 def topic_entry(broker: BrokerServices, name: str, error: int = 0) -> dict[str, Any]:
+    if getattr(broker, "cluster", None) is not None:
+        return _cluster_topic_entry(broker, name, error)
     meta = broker.logs.topics.get(name)
     if meta is None or error:
         return {
@@ -59,15 +92,16 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     version = ctx.api_version
     auto_create = broker.config["auto.create.topics.enable"] and (version < 4 or req.allow_auto_topic_creation)
     requested = req.topics
+    cluster = getattr(broker, "cluster", None)
     if requested is None or (version == 0 and not requested):
-        names = sorted(broker.logs.topics)
+        names = sorted(broker.logs.topics if cluster is None else cluster.image.topics)
         entries = [topic_entry(broker, n) for n in names]
     else:
         entries = []
         for item in requested:
             name = item.name
             if name is None:  # v10+: by topic id
-                name = find_topic_by_id(broker, getattr(item, "topic_id", None))
+                name = _find_by_id(broker, getattr(item, "topic_id", None))
                 if name is None:
                     entry = topic_entry(broker, "", ErrorCode.UNKNOWN_TOPIC_ID)
                     entry["name"] = None
@@ -75,25 +109,45 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
                     entries.append(entry)
                     continue
             entries.append(_lookup_or_create(broker, name, auto_create))
-    host, port = broker.advertised
+    if cluster is None:
+        host, port = broker.advertised
+        brokers = [{"node_id": broker.node_id, "host": host, "port": port, "rack": None}]
+        controller_id = broker.node_id
+    else:
+        image = cluster.image
+        brokers = [{"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
+                   for _, b in sorted(image.brokers.items())]
+        controller_id = image.controller_id
     data = {
         "throttle_time_ms": 0,
-        "brokers": [{"node_id": broker.node_id, "host": host, "port": port, "rack": None}],
+        "brokers": brokers,
         "cluster_id": broker.cluster_id,
-        "controller_id": broker.node_id,
+        "controller_id": controller_id,
         "topics": entries,
         "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
     }
     return encode_response(ApiKey.METADATA, version, data)
 
 
+def _find_by_id(broker: BrokerServices, topic_id: Any) -> str | None:
+    if getattr(broker, "cluster", None) is None:
+        return find_topic_by_id(broker, topic_id)
+    if topic_id is None or topic_id.int == 0:
+        return None
+    return next((n for n, info in broker.cluster.image.topics.items() if info.topic_id == topic_id.bytes), None)
+
+
 def _lookup_or_create(broker: BrokerServices, name: str, auto_create: bool) -> dict[str, Any]:
-    if name in broker.logs.topics:
+    cluster = getattr(broker, "cluster", None)
+    if name in (broker.logs.topics if cluster is None else cluster.image.topics):
         return topic_entry(broker, name)
     if topic_name_problem(name):
         return topic_entry(broker, name, ErrorCode.INVALID_TOPIC_EXCEPTION)
     if not auto_create or name.startswith("__"):
         return topic_entry(broker, name, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+    if cluster is not None:
+        cluster.auto_create(name)
+        return _error_entry(name, ErrorCode.LEADER_NOT_AVAILABLE)
     try:
         broker.logs.create_topic(name, broker.config["num.partitions"], {})
         log.info("auto-created topic %s with %d partitions", name, broker.config["num.partitions"])

@@ -1,4 +1,9 @@
-"""CreateTopics, DeleteTopics, CreatePartitions."""
+"""CreateTopics, DeleteTopics, CreatePartitions.
+
+On the single node the broker's LogManager carries them out. In cluster mode the controller does
+(controller_requests.py): replicas placed over the live brokers or as assigned, replication factors checked against
+them, and the answer given once this broker's metadata image shows the change.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ from ...config import ConfigError, parse_topic_overrides, topic_name_problem
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from . import controller_requests
 from .common import find_topic_by_id, topic_uuid
 from .configs import describe_topic_entries
 
@@ -73,8 +79,21 @@ def _create_one(broker: BrokerServices, item: Any, validate_only: bool, version:
     return out
 
 
+def _requested_partitions(broker: BrokerServices, item: Any) -> int:
+    if item.assignments:
+        return len(item.assignments)
+    return item.num_partitions if item.num_partitions != -1 else broker.config["num.partitions"]
+
+
+def _created_entry(name: str, code: int, message: str | None) -> dict[str, Any]:
+    return {"name": name, "topic_id": topic_uuid(None), "error_code": code, "error_message": message,
+            "num_partitions": -1, "replication_factor": -1, "configs": []}
+
+
 async def handle_create_topics(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.CREATE_TOPICS, ctx.api_version, body)
+    if controller_requests.in_cluster(broker):
+        return await _create_topics_in_cluster(broker, ctx, body, req)
     seen: dict[str, int] = {}
     for item in req.topics:
         seen[item.name] = seen.get(item.name, 0) + 1
@@ -99,12 +118,70 @@ async def handle_create_topics(broker: BrokerServices, ctx: RequestContext, body
     return encode_response(ApiKey.CREATE_TOPICS, ctx.api_version, {"throttle_time_ms": 0, "topics": results})
 
 
+async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview, req: Any) -> bytes:
+    from ...cluster.topic_plans import NewTopic
+
+    cluster = broker.cluster
+    too_many = sum(max(_requested_partitions(broker, item), 0) for item in req.topics) > MAX_PARTITIONS_PER_REQUEST
+
+    def refused(item: Any) -> tuple[int, str] | None:
+        if too_many:
+            return ErrorCode.POLICY_VIOLATION, _TOO_MANY
+        if item.name.startswith("__"):
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, "Names starting with '__' are reserved for internal topics"
+        return None
+
+    async def run_here() -> dict[str, Any]:
+        wanted = [item for item in req.topics if refused(item) is None]
+        results = await cluster.controller.create_topics([
+            NewTopic(item.name, item.num_partitions, item.replication_factor,
+                     [(a.partition_index, list(a.broker_ids)) for a in item.assignments] or None,
+                     {c.name: c.value for c in item.configs})
+            for item in wanted], validate_only=req.validate_only)
+        topics = []
+        for item in req.topics:
+            problem = refused(item)
+            if problem is not None:
+                topics.append(_created_entry(item.name, *problem))
+                continue
+            result = results[item.name]
+            entry = _created_entry(item.name, result.code, result.message)
+            if result.code == ErrorCode.NONE:
+                entry.update(topic_id=topic_uuid(result.topic_id), num_partitions=result.num_partitions,
+                             replication_factor=result.replication_factor)
+                if ctx.api_version >= 5:
+                    try:
+                        config = broker.config.topic_config(
+                            parse_topic_overrides({c.name: c.value for c in item.configs}))
+                    except ConfigError:
+                        config = broker.config.topic_config({})
+                    entry["configs"] = [
+                        {k: e[k] for k in ("name", "value", "read_only", "config_source", "is_sensitive")}
+                        for e in describe_topic_entries(broker, config, None, False, False)]
+            topics.append(entry)
+        return {"throttle_time_ms": 0, "topics": topics}
+
+    def settled(response: Any) -> Any:
+        image = cluster.image
+        created = [] if req.validate_only else [t.name for t in response.topics if t.error_code == 0]
+        return lambda: all(name in image.topics and all((name, p) in image.states
+                                                         for p in image.topics[name].assignment)
+                           for name in created)
+
+    def failed(code: ErrorCode, message: str) -> dict[str, Any]:
+        return {"throttle_time_ms": 0, "topics": [_created_entry(item.name, code, message) for item in req.topics]}
+
+    return await controller_requests.answer(broker, ctx, body, req.timeout_ms, run_here, settled, failed)
+
+
 async def handle_delete_topics(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DELETE_TOPICS, ctx.api_version, body)
     if ctx.api_version >= 6:
         targets = [(t.name, t.topic_id) for t in req.topics]
     else:
         targets = [(name, None) for name in req.topic_names]
+    if controller_requests.in_cluster(broker):
+        return await _delete_topics_in_cluster(broker, ctx, body, req, targets)
     responses = []
     for name, topic_id in targets:
         out = {"name": name, "topic_id": topic_id or topic_uuid(None), "error_code": 0, "error_message": None}
@@ -130,8 +207,65 @@ async def handle_delete_topics(broker: BrokerServices, ctx: RequestContext, body
     return encode_response(ApiKey.DELETE_TOPICS, ctx.api_version, {"throttle_time_ms": 0, "responses": responses})
 
 
+async def _delete_topics_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview, req: Any,
+                                    targets: list[tuple[str | None, Any]]) -> bytes:
+    cluster = broker.cluster
+    image = cluster.image
+
+    def named(topic_id: Any) -> str | None:
+        wanted = getattr(topic_id, "bytes", None)
+        return next((n for n, info in image.topics.items() if info.topic_id == wanted), None)
+
+    async def run_here() -> dict[str, Any]:
+        responses, names = [], []
+        for name, topic_id in targets:
+            out = {"name": name, "topic_id": topic_id or topic_uuid(None), "error_code": 0, "error_message": None}
+            responses.append(out)
+            if name is None:
+                out["name"] = named(topic_id)
+                if out["name"] is None:
+                    out["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
+                    continue
+            if out["name"].startswith("__"):
+                out["error_code"], out["error_message"] = (ErrorCode.INVALID_TOPIC_EXCEPTION,
+                                                           "Internal topics cannot be deleted")
+                continue
+            names.append(out["name"])
+        results = await cluster.controller.delete_topics(names)
+        for out in responses:
+            result = results.get(out["name"]) if out["error_code"] == 0 else None
+            if result is not None:
+                out["error_code"], out["error_message"] = result.code, result.message
+                if result.topic_id is not None:
+                    out["topic_id"] = topic_uuid(result.topic_id)
+        return {"throttle_time_ms": 0, "responses": responses}
+
+    def settled(response: Any) -> Any:
+        gone = [(r.name, getattr(r, "topic_id", None)) for r in response.responses if r.error_code == 0]
+
+        def done() -> bool:
+            for name, topic_id in gone:
+                info = image.topics.get(name)
+                if info is not None and (topic_id is None or topic_id.int == 0 or info.topic_id == topic_id.bytes):
+                    return False
+            return True
+
+        return done
+
+    def failed(code: ErrorCode, message: str) -> dict[str, Any]:
+        return {"throttle_time_ms": 0, "responses": [
+            {"name": name, "topic_id": topic_id or topic_uuid(None), "error_code": code, "error_message": message}
+            for name, topic_id in targets]}
+
+    answer = await controller_requests.answer(broker, ctx, body, req.timeout_ms, run_here, settled, failed)
+    broker.watchers.notify_all()  # long-polls on deleted partitions answer now
+    return answer
+
+
 async def handle_create_partitions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.CREATE_PARTITIONS, ctx.api_version, body)
+    if controller_requests.in_cluster(broker):
+        return await _create_partitions_in_cluster(broker, ctx, body, req)
     added = 0
     for item in req.topics:
         meta = broker.logs.topics.get(item.name)
@@ -162,3 +296,46 @@ async def handle_create_partitions(broker: BrokerServices, ctx: RequestContext, 
             out["error_code"], out["error_message"] = exc.code, exc.message
         results.append(out)
     return encode_response(ApiKey.CREATE_PARTITIONS, ctx.api_version, {"throttle_time_ms": 0, "results": results})
+
+
+async def _create_partitions_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview,
+                                        req: Any) -> bytes:
+    cluster = broker.cluster
+    image = cluster.image
+    added = 0
+    for item in req.topics:
+        info = image.topics.get(item.name)
+        added += max(item.count - (info.partition_count if info is not None else 0), 0)
+
+    def refused(item: Any) -> tuple[int, str] | None:
+        if added > MAX_PARTITIONS_PER_REQUEST:
+            return ErrorCode.POLICY_VIOLATION, _TOO_MANY
+        if item.name.startswith("__"):
+            return ErrorCode.INVALID_TOPIC_EXCEPTION, "Internal topics cannot be resized"
+        return None
+
+    async def run_here() -> dict[str, Any]:
+        wanted = {item.name: (item.count, None if item.assignments is None
+                              else [list(a.broker_ids) for a in item.assignments])
+                  for item in req.topics if refused(item) is None}
+        results = await cluster.controller.create_partitions(wanted, validate_only=req.validate_only)
+        out = []
+        for item in req.topics:
+            problem = refused(item)
+            result = results.get(item.name) if problem is None else None
+            code, message = problem if problem is not None else (result.code, result.message)
+            out.append({"name": item.name, "error_code": code, "error_message": message})
+        return {"throttle_time_ms": 0, "results": out}
+
+    def settled(response: Any) -> Any:
+        counts = {item.name: item.count for item in req.topics}
+        grown = [] if req.validate_only else [(r.name, counts[r.name]) for r in response.results
+                                                 if r.error_code == 0 and r.name in counts]
+        return lambda: all(name in image.topics and image.topics[name].partition_count >= count
+                           and all((name, p) in image.states for p in range(count)) for name, count in grown)
+
+    def failed(code: ErrorCode, message: str) -> dict[str, Any]:
+        return {"throttle_time_ms": 0, "results": [{"name": item.name, "error_code": code, "error_message": message}
+                                                   for item in req.topics]}
+
+    return await controller_requests.answer(broker, ctx, body, req.timeout_ms, run_here, settled, failed)

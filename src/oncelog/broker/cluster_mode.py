@@ -1,0 +1,415 @@
+"""Cluster mode of one broker: the pieces of `cluster/` wired to this broker's storage and listener.
+
+With `oncelog.coordination.connect` set, `Broker` creates one `ClusterMode` (and imports this module, hence kazoo,
+only then). It owns the broker's metadata image and ZooKeeper session (`MetadataStore`), its `Controller` (active
+while this broker holds /controller), the `ReplicaManager` with its fetchers behind `ReplicatedPartitionAccess`,
+the inter-broker connections, and producer ids reserved on ZooKeeper. Its order of work:
+
+start:  store (retried while ZooKeeper is unreachable) -> the data directory under ZooKeeper's cluster id ->
+        replica manager wired into the flusher -> [the broker listens] -> registration (BrokerIdInUse: the broker
+        exits non-zero) -> replicas opened and roles taken from the image -> controller -> producer ids.
+stop:   controlled shutdown through the controller (leaderships move first, so clients see leader changes, not
+        errors) -> [the broker stops listening] -> controller resigns -> fetchers, replica manager -> session
+        closed (the registration goes at once) -> [storage closes].
+
+Local replicas follow the image: a partition assigned here is opened (created empty) under the topic id the image
+gives, a local copy of an older topic of the same name is deleted first, topic config changes and partition count
+changes are applied to the local logs, and copies the controller deletes (topic deletion, reassignment) go.
+Session loss (docs/cluster.md §5.4) is the store's and the replica manager's business; this module re-arms
+acknowledgements when the lease is back and ends the broker if it cannot register again (its node.id taken).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ..cluster.controller import Controller
+from ..cluster.inter_broker import ControllerIsHere, ControllerUnavailable, InterBroker, is_forwarded
+from ..cluster.metadata_image import MetadataImage
+from ..cluster.metadata_store import CONNECTED, LOST, MetadataStore, StoreUnavailable
+from ..cluster.producer_ids import ClusterProducerIds
+from ..cluster.replica_fetcher import ReplicaFetcherManager
+from ..cluster.replica_manager import ReplicaManager, Role
+from ..config import ConfigError, parse_topic_overrides
+from ..errors import ErrorCode, KafkaError
+from .partition_access import ReplicatedPartitionAccess
+
+if TYPE_CHECKING:
+    from ..cluster.metadata_image import ImageDelta
+    from ..storage.partition import Partition
+    from .server import Broker
+
+log = logging.getLogger("oncelog.cluster")
+
+AUTO_CREATE_TIMEOUT_MS = 30000
+
+
+class ClusterStartError(RuntimeError):
+    """The broker cannot join the cluster (coordination service unreachable, node.id taken, foreign data)."""
+
+
+class Routed(NamedTuple):
+    """Where an admin request was carried out: `here` (the response as a dict) or by another broker (`raw`, the
+    response body as it answered, and `decoded`)."""
+
+    here: dict[str, Any] | None
+    raw: bytes | None
+    decoded: Any
+
+
+def dict_error_codes(value: Any) -> Iterator[int]:
+    """Every `error_code` in a response built as dicts and lists."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "error_code" and isinstance(item, int):
+                yield item
+            else:
+                yield from dict_error_codes(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from dict_error_codes(item)
+
+
+class ClusterMode:
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.config = broker.config
+        self.node_id = broker.node_id
+        self.image = MetadataImage()
+        self.store: MetadataStore | None = None
+        self.controller: Controller | None = None
+        self.replicas: ReplicaManager | None = None
+        self.fetchers: ReplicaFetcherManager | None = None
+        self.inter_broker: InterBroker | None = None
+        self.producer_ids: ClusterProducerIds | None = None
+        self.broker_epoch: int = -1
+        self.fatal_reason: str | None = None  # why the broker must end (its registration lost for good)
+        self._creating: set[str] = set()  # topics auto-created by this broker, in flight
+        self._tasks: set[asyncio.Task] = set()
+        self._shut_down = False
+
+    # -- start -------------------------------------------------------------------------------------------------
+    async def connect(self) -> str:
+        """Open the ZooKeeper session and read the whole image; returns the cluster id. Before storage opens."""
+        loop = asyncio.get_running_loop()
+        self.store = MetadataStore(self.config["oncelog.coordination.connect"],
+                                   self.config["oncelog.coordination.session.timeout.ms"], loop, self.image)
+        try:
+            await self.store.start(self.config["oncelog.coordination.connection.timeout.ms"] / 1000)
+        except StoreUnavailable as exc:
+            raise ClusterStartError(f"coordination service unreachable: {exc}") from None
+        return self.store.cluster_id
+
+    def wire(self) -> None:
+        """After storage opened: the replica manager, its fetchers and the cluster's partition access."""
+        broker, store = self.broker, self.store
+        assert store is not None
+        self.replicas = ReplicaManager(
+            self.node_id, self.image, broker.logs, self.config,
+            write_state=store.write_partition_state, lease=store,
+            ensure_local=self._ensure_local, delete_local=self._delete_local,
+            on_readable=broker.watchers.notify, on_topic_deleted=self._report_deleted, flusher=broker.flusher)
+        self.fetchers = ReplicaFetcherManager(self.node_id, self.image, broker.logs, self.replicas, self.config,
+                                              broker_epoch=lambda: self.broker_epoch)
+        broker.partitions = ReplicatedPartitionAccess(self.replicas, self.image)
+        self.inter_broker = InterBroker(self.node_id, self.image, self.config)
+        self.producer_ids = ClusterProducerIds(self._allocate_producer_ids)
+        broker.producer_ids = self.producer_ids  # type: ignore[assignment]
+
+    async def join(self, host: str, port: int) -> None:
+        """After the listener is bound: register, take the replicas' roles, run the controller."""
+        store = self.store
+        assert store is not None and self.replicas is not None and self.fetchers is not None
+        instance = hashlib.sha256(str(self.broker.data_dir.resolve()).encode()).hexdigest()[:16]
+        try:
+            self.broker_epoch = await store.register_broker(self.node_id, host, port, instance_id=instance)
+        except StoreUnavailable as exc:
+            raise ClusterStartError(f"cannot register with the coordination service: {exc}") from None
+        store.on_state_change(self._on_store_state)
+        self.image.subscribe(self._on_delta)
+        self._apply_local_topic_changes(set(self.image.topics))
+        self.replicas.start(self.fetchers)
+        self.controller = Controller(self.node_id, store, self.image, self.config)
+        await self.controller.start()
+        assert self.producer_ids is not None
+        try:
+            await self.producer_ids.start()
+        except Exception as exc:  # reserved later, on first use
+            log.warning("reserving producer ids failed: %s", exc)
+        log.info("broker %d joined cluster %s (broker epoch %d, %d broker(s) registered, controller %d)",
+                 self.node_id, store.cluster_id, self.broker_epoch, len(self.image.brokers),
+                 self.image.controller_id)
+
+    async def _allocate_producer_ids(self, size: int) -> tuple[int, int]:
+        assert self.store is not None
+        return await self.store.allocate_producer_ids(self.node_id, size)
+
+    # -- local replicas ----------------------------------------------------------------------------------------
+    def _ensure_local(self, topic: str, index: int) -> Partition | None:
+        logs = self.broker.logs
+        info = self.image.topics.get(topic)
+        if info is None:
+            return None
+        meta = logs.topics.get(topic)
+        if meta is not None and meta.topic_id != info.topic_id:
+            log.warning("deleting the local copy of an older topic named %s", topic)
+            self._delete_local(topic, None)
+        try:
+            return logs.open_replica(topic, info.topic_id, index, info.partition_count, self._overrides(topic),
+                                     internal=topic.startswith("__"))
+        except KafkaError as exc:
+            log.error("cannot open the replica %s-%d: %s", topic, index, exc.message)
+            return None
+
+    def _overrides(self, topic: str) -> dict[str, Any]:
+        raw = self.image.topic_configs.get(topic, {})
+        try:
+            return parse_topic_overrides(raw)
+        except ConfigError as exc:
+            log.error("topic %s: ignoring invalid config overrides %s: %s", topic, raw, exc)
+            return {}
+
+    def _delete_local(self, topic: str, index: int | None) -> None:
+        logs = self.broker.logs
+        if topic not in logs.topics:
+            return
+        try:
+            if index is None:
+                logs.delete_topic(topic)
+                log.info("deleted the local copy of topic %s", topic)
+            else:
+                logs.delete_replica(topic, index)
+                log.info("deleted the local replica %s-%d", topic, index)
+        except KafkaError as exc:
+            log.error("deleting the local copy of %s failed: %s", topic, exc.message)
+        self.broker.watchers.notify_all()  # long polls on deleted partitions answer now
+
+    async def _report_deleted(self, topic: str, topic_id: bytes) -> None:
+        assert self.store is not None
+        await self.store.complete_topic_deletion(topic, topic_id, self.node_id)
+
+    def _on_delta(self, delta: ImageDelta) -> None:
+        changed = set(delta.configs) | {t for t, _ in delta.partitions}
+        if changed:
+            self._apply_local_topic_changes(changed)
+        if delta.topics_removed:
+            self.broker.watchers.notify_all()
+
+    def _apply_local_topic_changes(self, topics: set[str]) -> None:
+        """Topic configs and partition counts of the image, on the local copies."""
+        logs = self.broker.logs
+        for name in topics:
+            meta, info = logs.topics.get(name), self.image.topics.get(name)
+            if meta is None or info is None or meta.topic_id != info.topic_id:
+                continue
+            try:
+                if info.partition_count > meta.partitions:
+                    logs.set_partition_count(name, info.partition_count)
+                overrides = self._overrides(name)
+                if overrides != dict(meta.config.overrides):
+                    logs.alter_topic_config(name, overrides)
+                    log.info("topic %s: config overrides now %s", name, overrides)
+            except (KafkaError, OSError) as exc:
+                log.error("topic %s: applying the cluster's metadata locally failed: %s", name, exc)
+
+    # -- the session -------------------------------------------------------------------------------------------
+    def _on_store_state(self, state: str) -> None:
+        if state == CONNECTED and self.replicas is not None:
+            assert self.store is not None
+            self.broker_epoch = self.store.broker_epoch or self.broker_epoch
+            self.replicas.lease_restored()
+        elif state == LOST and self.store is not None and self.store.fatal_error is not None:
+            self.fatal_reason = str(self.store.fatal_error)
+            log.error("leaving: %s", self.fatal_reason)
+            self.broker.fatal.set()
+
+    # -- duties the broker delegates -----------------------------------------------------------------------------
+    def expire_producers(self) -> int:
+        assert self.replicas is not None
+        return self.replicas.expire_producers(self.config["producer.id.expiration.ms"],
+                                              self.config["transactional.id.expiration.ms"])
+
+    def on_flushed(self, plog: Any) -> None:
+        if self.replicas is not None:
+            self.replicas.on_flushed(plog)
+
+    def led_here(self) -> list[tuple[str, int]]:
+        if self.replicas is None:
+            return []
+        return [k for k, r in self.replicas.replicas.items() if r.role is Role.LEADER]
+
+    # -- stop --------------------------------------------------------------------------------------------------
+    async def controlled_shutdown(self) -> None:
+        """Ask the controller to move this broker's leaderships to other in-sync replicas, and wait until the
+        image shows them moved (clients then see a leader change). Retried controlled.shutdown.max.retries
+        times; the broker stops anyway afterwards (its session's end moves what is left)."""
+        if (not self.config["controlled.shutdown.enable"] or self.store is None or self.broker_epoch < 0
+                or self.store.state != CONNECTED):
+            return
+        loop = asyncio.get_running_loop()
+        attempts = self.config["controlled.shutdown.max.retries"] + 1
+        backoff = self.config["controlled.shutdown.retry.backoff.ms"] / 1000
+        timeout = self.config["oncelog.coordination.session.timeout.ms"] / 1000 * 2
+        started = loop.time()
+        for attempt in range(1, attempts + 1):
+            deadline = loop.time() + timeout
+            try:
+                code, remaining = await self._ask_controlled_shutdown(deadline)
+            except (ControllerUnavailable, StoreUnavailable) as exc:
+                code, remaining = ErrorCode.REQUEST_TIMED_OUT, [f"({exc})"]
+            if code == ErrorCode.NONE:
+                await self._wait(lambda: not any(s.leader == self.node_id for s in self.image.states.values()),
+                                 deadline)
+                if not remaining:
+                    log.info("controlled shutdown done in %.1f s: no leadership left here",
+                             loop.time() - started)
+                    return
+            log.warning("controlled shutdown attempt %d/%d: %s, still leading %s", attempt, attempts,
+                        code.name, remaining[:10])
+            if attempt < attempts:
+                await asyncio.sleep(backoff)
+        log.warning("controlled shutdown incomplete; stopping anyway")
+
+    async def _ask_controlled_shutdown(self, deadline: float) -> tuple[ErrorCode, list[Any]]:
+        assert self.inter_broker is not None and self.controller is not None
+        while True:
+            if self.controller.is_active:
+                result = await self.controller.controlled_shutdown(self.node_id, self.broker_epoch)
+                if result.code != ErrorCode.NOT_CONTROLLER:
+                    return result.code, list(result.remaining)
+            try:
+                return await self.inter_broker.controlled_shutdown(self.broker_epoch, deadline)
+            except ControllerIsHere:
+                await self.inter_broker.wait_for_controller_change(
+                    min(0.2, deadline - asyncio.get_running_loop().time()))
+                if asyncio.get_running_loop().time() >= deadline:
+                    raise ControllerUnavailable("this broker's controller did not become active") from None
+
+    async def _wait(self, condition: Any, deadline: float) -> bool:
+        """Wait until `condition()` holds on the image (checked at every image change), or the deadline."""
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def listener(delta: ImageDelta) -> None:
+            changed.set()
+
+        self.image.subscribe(listener)
+        try:
+            while not condition():
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    return False
+                changed.clear()
+                try:
+                    await asyncio.wait_for(changed.wait(), remaining)
+                except TimeoutError:
+                    return condition()
+            return True
+        finally:
+            self.image.unsubscribe(listener)
+
+    async def wait_image(self, condition: Any, deadline: float) -> bool:
+        """Wait until `condition()` holds on this broker's image, or `deadline` (loop time) passed."""
+        return await self._wait(condition, deadline)
+
+    # -- admin requests: the controller's business -----------------------------------------------------------
+    def auto_create(self, name: str) -> None:
+        """Metadata asked for a topic that does not exist (auto.create.topics.enable): have the controller create
+        it with num.partitions and default.replication.factor, in the background. Kafka answers
+        LEADER_NOT_AVAILABLE meanwhile and clients ask again."""
+        if name in self._creating or self.controller is None:
+            return
+        self._creating.add(name)
+        partitions, rf = self.config["num.partitions"], self.config["default.replication.factor"]
+
+        async def create() -> None:
+            from ..cluster.topic_plans import NewTopic
+            from ..protocol import client_codecs as codecs
+            from ..protocol.apis import ApiKey
+
+            version = 7
+            body = codecs.encode_request(ApiKey.CREATE_TOPICS, version, {
+                "topics": [{"name": name, "num_partitions": partitions, "replication_factor": rf,
+                            "assignments": [], "configs": []}],
+                "timeout_ms": AUTO_CREATE_TIMEOUT_MS, "validate_only": False})
+
+            async def run_here() -> dict[str, Any]:
+                assert self.controller is not None
+                results = await self.controller.create_topics([NewTopic(name, partitions, rf)])
+                return {"topics": [{"name": name, "error_code": int(results[name].code),
+                                    "error_message": results[name].message}]}
+
+            loop = asyncio.get_running_loop()
+            try:
+                routed = await self.via_controller(ApiKey.CREATE_TOPICS, version, memoryview(body), None,
+                                                   loop.time() + AUTO_CREATE_TIMEOUT_MS / 1000, run_here)
+                if routed.here is not None:
+                    code, message = routed.here["topics"][0]["error_code"], routed.here["topics"][0]["error_message"]
+                else:
+                    code, message = routed.decoded.topics[0].error_code, routed.decoded.topics[0].error_message
+                if code == ErrorCode.NONE:
+                    log.info("auto-created topic %s: %d partition(s), replication factor %d", name, partitions, rf)
+                elif code != ErrorCode.TOPIC_ALREADY_EXISTS:
+                    log.warning("auto-creating topic %s failed: %s %s", name, ErrorCode(code).name, message or "")
+            except ControllerUnavailable as exc:
+                log.warning("auto-creating topic %s failed: %s", name, exc)
+            finally:
+                self._creating.discard(name)
+
+        self.spawn(create())
+
+    async def via_controller(self, api_key: int, version: int, body: memoryview, client_id: str | None,
+                             deadline: float, run_here: Callable[[], Awaitable[dict[str, Any]]]) -> Routed:
+        """Carry out an admin request on the controller (docs/cluster.md §5.2): `run_here()` with this broker's
+        controller when it is active (or when the request was forwarded here by another broker: it then answers
+        NOT_CONTROLLER rather than forward again), else the same request forwarded to the controller the image
+        names, again with the next one if the controller changes. Raises ControllerUnavailable at `deadline`."""
+        assert self.controller is not None and self.inter_broker is not None
+        loop = asyncio.get_running_loop()
+        forwarded = is_forwarded(client_id)
+        while True:
+            if forwarded or self.controller.is_active:
+                data = await run_here()
+                if forwarded or ErrorCode.NOT_CONTROLLER not in set(dict_error_codes(data)):
+                    return Routed(data, None, None)
+            try:
+                raw, decoded = await self.inter_broker.to_controller(api_key, version, body, deadline)
+                return Routed(None, raw, decoded)
+            except ControllerIsHere:
+                if self.controller.is_active:
+                    continue
+                await self.inter_broker.wait_for_controller_change(min(0.2, deadline - loop.time()))
+                if loop.time() >= deadline:
+                    raise ControllerUnavailable("this broker is named controller but is not acting yet") from None
+
+    async def stop(self) -> None:
+        """After the listener closed: the controller resigns, replication stops, the session ends."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self.image.unsubscribe(self._on_delta)
+        if self.controller is not None:
+            await self.controller.stop()
+        if self.fetchers is not None:
+            await self.fetchers.stop()
+        if self.replicas is not None:
+            await self.replicas.stop()
+        if self.producer_ids is not None:
+            await self.producer_ids.stop()
+        if self.inter_broker is not None:
+            await self.inter_broker.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.store is not None:
+            await self.store.close()
+
+    def spawn(self, coro: Any) -> asyncio.Task:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
