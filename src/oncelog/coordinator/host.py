@@ -8,15 +8,17 @@ module imports the other here either. A cluster-mode broker offers the same memb
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from prometheus_client import CollectorRegistry
 
     from ..config import BrokerConfig
+    from ..errors import ErrorCode
     from ..storage.flusher import GroupCommitFlusher
     from ..storage.log_manager import LogManager
+    from ..storage.partition import Partition
 
 
 class ProducerIdSource(Protocol):
@@ -40,6 +42,28 @@ class TransactionalIds(Protocol):
     def by_producer(self) -> Mapping[int, str]: ...
 
 
+class InternalPartitions(Protocol):
+    """The broker's partition access (`broker.partition_access.PartitionAccess`) as far as the coordinators use
+    it: their internal topics' partitions are written like any produce with acks=all, so that a coordinator's
+    state is what its replicated log says, and a coordinator whose leadership moved cannot write."""
+
+    def leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition | ErrorCode:
+        """The local partition if this broker leads it at `current_leader_epoch`, else the error to answer."""
+        ...
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The partition's leader epoch as this broker knows it; -1 when it knows no such partition."""
+        ...
+
+    def check_append(self, part: Partition, acks: int) -> ErrorCode:
+        """NOT_ENOUGH_REPLICAS (acks=all below min.insync.replicas) or NOT_LEADER_OR_FOLLOWER before appending."""
+        ...
+
+    def wait_acks_all(self, part: Partition, end_offset: int, timeout_ms: int) -> Awaitable[None]:
+        """Returns once every offset below `end_offset` is acknowledged as acks=all requires; raises KafkaError."""
+        ...
+
+
 class MetricsRegistry(Protocol):
     """The broker's metrics, as far as a coordinator adds its own to them."""
 
@@ -57,6 +81,8 @@ class TransactionHost(Protocol):
     @property
     def flusher(self) -> GroupCommitFlusher: ...
     @property
+    def partitions(self) -> InternalPartitions: ...
+    @property
     def producer_ids(self) -> ProducerIdSource: ...
     @property
     def group_coordinator(self) -> TxnOffsetsSink | None: ...
@@ -71,6 +97,8 @@ class GroupHost(Protocol):
     def logs(self) -> LogManager: ...
     @property
     def flusher(self) -> GroupCommitFlusher: ...
+    @property
+    def partitions(self) -> InternalPartitions: ...
     @property
     def metrics(self) -> MetricsRegistry: ...
     @property

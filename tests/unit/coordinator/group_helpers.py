@@ -25,12 +25,14 @@ class FakeLog:
         self.fail_append: ErrorCode | None = None
         self.fail_durable: ErrorCode | None = None
         self.gate: asyncio.Event | None = None
+        self.epochs: dict[int, int] = {}  # the leader epoch each partition's last append named
 
     def partition_for(self, group_id: str) -> int:
         return partition_for(group_id, self.partitions)
 
     def append(self, partition: int, records: Sequence[tuple[bytes, bytes | None]], now_ms: int,
-               producer: TxnProducer | None = None) -> Written:
+               producer: TxnProducer | None = None, leader_epoch: int = -1) -> Written:
+        self.epochs[partition] = leader_epoch
         if self.fail_append is not None:
             return Written(self.fail_append, "injected append failure")
         base = self.next_offset[partition]
@@ -47,8 +49,11 @@ class FakeLog:
             await self.gate.wait()
         return self.fail_durable or ErrorCode.NONE
 
-    def replay(self, partition: int) -> Iterator[StoredRecord | StoredMarker]:
-        yield from list(self.entries[partition])
+    def end_offset(self, partition: int) -> int:
+        return self.next_offset[partition]
+
+    def replay(self, partition: int, start: int | None = None) -> Iterator[StoredRecord | StoredMarker]:
+        yield from list(self.entries[partition][start or 0:])  # one entry per offset
 
     def marker(self, partition: int, producer_id: int, commit: bool) -> None:
         self.entries[partition].append(StoredMarker(producer_id, commit))

@@ -6,6 +6,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...coordinator.group.api import JoinRequest, LeavingMember
+from ...coordinator.group.store import OFFSETS_TOPIC
+from ...coordinator.txn.coordinator import TXN_TOPIC
 from ...errors import ErrorCode
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
@@ -13,7 +15,7 @@ from .common import UNKNOWN_AUTHORIZED_OPERATIONS
 
 if TYPE_CHECKING:
     from ...coordinator.group import GroupCoordinator
-    from ..context import BrokerServices, RequestContext
+    from ..context import BrokerServices, CoordinatorNode, RequestContext
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
@@ -32,29 +34,39 @@ def client_host(ctx: RequestContext) -> str:
 
 
 # -- FindCoordinator ------------------------------------------------------------------------------------------
-def _find(broker: BrokerServices, key: str, key_type: int) -> tuple[ErrorCode, str | None]:
+def _find(broker: BrokerServices, key: str, key_type: int) -> tuple[ErrorCode, str | None, CoordinatorNode | None]:
+    """The coordinator of `key` is the leader of the internal-topic partition the key hashes to, as this broker
+    sees it (the single node: itself); COORDINATOR_NOT_AVAILABLE when that partition has no leader yet."""
     if key_type == KEY_TYPE_GROUP:
-        if coordinator_of(broker) is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "The group coordinator is not running"
-        return ErrorCode.NONE, None
-    if key_type == KEY_TYPE_TRANSACTION:
-        if getattr(broker, "txn_coordinator", None) is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "The transaction coordinator is not running"
-        return ErrorCode.NONE, None
-    return ErrorCode.INVALID_REQUEST, f"Unknown coordinator key type {key_type}"
+        groups = coordinator_of(broker)
+        if groups is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "The group coordinator is not running", None
+        topic, partition = OFFSETS_TOPIC, groups.partition_for(key)
+    elif key_type == KEY_TYPE_TRANSACTION:
+        txn = getattr(broker, "txn_coordinator", None)
+        if txn is None:
+            return ErrorCode.COORDINATOR_NOT_AVAILABLE, "The transaction coordinator is not running", None
+        topic, partition = TXN_TOPIC, txn.partition_for(key)
+    else:
+        return ErrorCode.INVALID_REQUEST, f"Unknown coordinator key type {key_type}", None
+    node = broker.coordinator_node(topic, partition)
+    if isinstance(node, ErrorCode):
+        return node, f"{topic}-{partition} has no available leader", None
+    return ErrorCode.NONE, None, node
 
 
 async def handle_find_coordinator(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.FIND_COORDINATOR, ctx.api_version, body)
     version = ctx.api_version
     key_type = req.key_type if version >= 1 else KEY_TYPE_GROUP
-    host, port = broker.advertised
 
     def answer(key: str) -> dict[str, Any]:
-        error, message = _find(broker, key, key_type)
-        ok = error == ErrorCode.NONE
-        return {"key": key, "error_code": error, "error_message": message, "node_id": broker.node_id if ok else -1,
-                "host": host if ok else "", "port": port if ok else -1}
+        error, message, node = _find(broker, key, key_type)
+        if node is None:
+            return {"key": key, "error_code": error, "error_message": message, "node_id": -1, "host": "",
+                    "port": -1}
+        return {"key": key, "error_code": error, "error_message": message, "node_id": node.node_id,
+                "host": node.host, "port": node.port}
 
     if version >= 4:
         data: dict[str, Any] = {"throttle_time_ms": 0, "coordinators": [answer(k) for k in req.coordinator_keys]}
@@ -157,7 +169,7 @@ async def handle_describe_groups(broker: BrokerServices, ctx: RequestContext, bo
                                      "group_state": "", "protocol_type": "", "protocol_data": "", "members": []}
         else:
             entry = groups.describe_group(group_id)
-            entry["error_code"] = ErrorCode.NONE
+            entry.setdefault("error_code", ErrorCode.NONE)
         entry["authorized_operations"] = GROUP_AUTHORIZED_OPERATIONS if wants_ops else UNKNOWN_AUTHORIZED_OPERATIONS
         described.append(entry)
     return encode_response(ApiKey.DESCRIBE_GROUPS, ctx.api_version, {"throttle_time_ms": 0, "groups": described})
@@ -168,6 +180,9 @@ async def handle_list_groups(broker: BrokerServices, ctx: RequestContext, body: 
     groups = coordinator_of(broker)
     if groups is None:
         data = {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE, "groups": []}
+    elif groups.loading:
+        # A partition is still loading: its groups are not known yet, so no list would be complete (Kafka's answer).
+        data = {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, "groups": []}
     else:
         states = list(req.states_filter) if ctx.api_version >= 4 and req.states_filter else []
         listed = [dict(g, group_type="classic") for g in groups.list_groups(states)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ...coordinator.group.store import OFFSETS_TOPIC
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
@@ -99,6 +100,10 @@ async def handle_write_txn_markers(broker: BrokerServices, ctx: RequestContext, 
                                             marker.coordinator_epoch, now)
                 entry = {"partition_index": index, "error_code": result.error}
                 parts.append(entry)
+                if not result.error and t.name == OFFSETS_TOPIC and broker.group_coordinator is not None:
+                    # Offsets staged by this producer become visible (or are dropped) with the marker, as when
+                    # the transaction coordinator writes it itself.
+                    broker.group_coordinator.complete_txn(marker.producer_id, marker.transaction_result, index)
                 if not result.error:
                     waits.append((entry, broker.partitions.wait_acks_all(part, result.last_offset + 1,
                                                                          MARKER_ACK_TIMEOUT_MS)))
@@ -128,5 +133,9 @@ async def handle_list_transactions(broker: BrokerServices, ctx: RequestContext, 
         list(req.state_filters), list(req.producer_id_filters),
         getattr(req, "duration_filter", -1) if ctx.api_version >= 1 else -1,
     )
-    data = {"throttle_time_ms": 0, "error_code": 0, "unknown_state_filters": unknown, "transaction_states": states}
+    error = ErrorCode.NONE
+    if broker.txn_coordinator.loading:
+        error, states = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []  # Kafka's answer while a partition loads
+    data = {"throttle_time_ms": 0, "error_code": error, "unknown_state_filters": unknown,
+            "transaction_states": states}
     return encode_response(ApiKey.LIST_TRANSACTIONS, ctx.api_version, data)

@@ -43,12 +43,19 @@ def _offset(value: bytes, batch_offset: int) -> CommittedOffset:
     return CommittedOffset(v.offset, v.leader_epoch, v.metadata, v.commit_timestamp, v.expire_timestamp, batch_offset)
 
 
-def load_partition(entries: Iterable[StoredRecord | StoredMarker], name: str = "") -> Loaded:
-    offsets: dict[GroupTopicPartition, CommittedOffset] = {}
-    pending: dict[int, dict[GroupTopicPartition, CommittedOffset]] = {}
-    values: dict[str, bytes] = {}
-    out = Loaded()
-    for entry in entries:
+class PartitionLoader:
+    """The replay of one partition, fed in steps (a load on a running broker gives the loop back between
+    steps), then `result()` once the log end is reached."""
+
+    def __init__(self, name: str = "") -> None:
+        self.name = name
+        self._offsets: dict[GroupTopicPartition, CommittedOffset] = {}
+        self._pending: dict[int, dict[GroupTopicPartition, CommittedOffset]] = {}
+        self._values: dict[str, bytes] = {}
+        self._out = Loaded()
+
+    def feed(self, entry: StoredRecord | StoredMarker) -> None:
+        offsets, pending, values, out = self._offsets, self._pending, self._values, self._out
         if isinstance(entry, StoredMarker):
             staged = pending.pop(entry.producer_id, None)
             if entry.commit and staged:
@@ -56,7 +63,7 @@ def load_partition(entries: Iterable[StoredRecord | StoredMarker], name: str = "
                     current = offsets.get(key)
                     if current is None or current.older_than(value):
                         offsets[key] = value
-            continue
+            return
         out.records += 1
         try:
             key = decode_key(entry.key)
@@ -77,20 +84,30 @@ def load_partition(entries: Iterable[StoredRecord | StoredMarker], name: str = "
                 out.skipped += 1  # a record type that is not ours (KIP-848, share groups)
         except RecordFormatError as exc:
             out.skipped += 1
-            log.error("%s: unreadable record at batch %d skipped: %s", name, entry.batch_offset, exc)
-    groups = out.groups
-    for group_id, raw in values.items():
-        groups[group_id] = Group.from_value(group_id, decode_group_value(raw))
-    for (group_id, topic, partition), value in offsets.items():
-        group = groups.get(group_id)
-        if group is None:
-            group = groups[group_id] = Group(group_id)  # a group that only stores offsets
-        group.offsets.committed[(topic, partition)] = value
-    for producer_id, staged in pending.items():
-        for (group_id, topic, partition), value in staged.items():
+            log.error("%s: unreadable record at batch %d skipped: %s", self.name, entry.batch_offset, exc)
+
+    def result(self) -> Loaded:
+        out = self._out
+        groups = out.groups
+        for group_id, raw in self._values.items():
+            groups[group_id] = Group.from_value(group_id, decode_group_value(raw))
+        for (group_id, topic, partition), value in self._offsets.items():
             group = groups.get(group_id)
             if group is None:
-                group = groups[group_id] = Group(group_id)
-            group.offsets.stage(producer_id, (topic, partition), value)
-            out.producer_groups.setdefault(producer_id, set()).add(group_id)
-    return out
+                group = groups[group_id] = Group(group_id)  # a group that only stores offsets
+            group.offsets.committed[(topic, partition)] = value
+        for producer_id, staged in self._pending.items():
+            for (group_id, topic, partition), value in staged.items():
+                group = groups.get(group_id)
+                if group is None:
+                    group = groups[group_id] = Group(group_id)
+                group.offsets.stage(producer_id, (topic, partition), value)
+                out.producer_groups.setdefault(producer_id, set()).add(group_id)
+        return out
+
+
+def load_partition(entries: Iterable[StoredRecord | StoredMarker], name: str = "") -> Loaded:
+    loader = PartitionLoader(name)
+    for entry in entries:
+        loader.feed(entry)
+    return loader.result()

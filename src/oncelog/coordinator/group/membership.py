@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import TYPE_CHECKING
 
 from ...errors import ErrorCode
@@ -72,18 +72,33 @@ class Membership:
     # -- lifecycle ------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Loaded members get a full session to come back (the broker was away, not they)."""
-        for group in self.groups.values():
+        self.resume(self.groups.values())
+
+    def resume(self, groups: Iterable[Group]) -> None:
+        """Groups just loaded: each member gets a full session from now (its coordinator moved, not it)."""
+        for group in groups:
             for member in group.members.values():
                 self._schedule_session(group, member)
 
     def stop(self) -> None:
         """Cancel every timer and answer every waiting request: this coordinator is going away."""
         for group in self.groups.values():
-            self.cancel_group_timers(group)
-            for member in group.members.values():
-                self._cancel_session(member)
-                self._resolve_join(member, JoinResult(ErrorCode.NOT_COORDINATOR, member.member_id))
-                self._resolve_sync(member, SyncResult(ErrorCode.NOT_COORDINATOR))
+            self._abandon(group)
+
+    def unload(self, group: Group) -> None:
+        """The group's partition is led elsewhere now (Kafka's onGroupUnloaded): the group is Dead here, so
+        anything still holding it (a request past its write, a timer) changes nothing, and its waiting members
+        are told NOT_COORDINATOR so they find the new coordinator."""
+        if not group.is_(DEAD):
+            group.transition(DEAD, self.clock())
+        self._abandon(group)
+
+    def _abandon(self, group: Group) -> None:
+        self.cancel_group_timers(group)
+        for member in group.members.values():
+            self._cancel_session(member)
+            self._resolve_join(member, JoinResult(ErrorCode.NOT_COORDINATOR, member.member_id))
+            self._resolve_sync(member, SyncResult(ErrorCode.NOT_COORDINATOR))
 
     # -- JoinGroup --------------------------------------------------------------------------------------------
     async def join(self, r: JoinRequest) -> JoinResult:

@@ -180,15 +180,21 @@ class OffsetManager:
 
     def forget_group_producers(self, group_id: str) -> None:
         """The group is gone: no marker needs to find it any more."""
+        self.forget_groups_producers({group_id})
+
+    def forget_groups_producers(self, group_ids: set[str]) -> None:
+        """The groups are gone (deleted, or their partition unloaded)."""
+        if not group_ids:
+            return
         for producer_id in list(self.producer_groups):
-            group_ids = self.producer_groups[producer_id]
-            group_ids.discard(group_id)
-            if not group_ids:
+            remaining = self.producer_groups[producer_id]
+            remaining -= group_ids
+            if not remaining:
                 del self.producer_groups[producer_id]
 
     def _forget_producer_group(self, producer_id: int, group: Group) -> None:
-        if group.offsets.has_pending_from(producer_id):
-            return
+        if group.offsets.has_pending_from(producer_id) or self.groups.get(group.group_id) is not group:
+            return  # still pending, or `group` was unloaded meanwhile (a reload's mapping is not ours to drop)
         group_ids = self.producer_groups.get(producer_id)
         if group_ids is not None:
             group_ids.discard(group.group_id)

@@ -13,6 +13,8 @@ GROUP_MAX_SIZE = 2**31 - 1
 # A new member's JoinGroup may wait this long for its first rebalance before the member is dropped
 # (Kafka's GroupCoordinator.NewMemberJoinTimeoutMs).
 NEW_MEMBER_JOIN_TIMEOUT_MS = 300_000
+# How long a commit (and any group write) waits for the in-sync replicas of its __consumer_offsets partition.
+OFFSET_COMMIT_TIMEOUT_MS = 5000
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class GroupSettings:
     # group-metadata record, so it must fit the record size the offsets topic accepts.
     max_member_metadata_bytes: int = 1048588
     new_member_join_timeout_ms: int = NEW_MEMBER_JOIN_TIMEOUT_MS
+    offset_commit_timeout_ms: int = OFFSET_COMMIT_TIMEOUT_MS
 
     @classmethod
     def from_config(cls, config: Any) -> GroupSettings:
@@ -49,4 +52,5 @@ class GroupSettings:
             offset_metadata_max_bytes=get("offset.metadata.max.bytes", OFFSET_METADATA_MAX_BYTES),
             group_max_size=get("group.max.size", GROUP_MAX_SIZE),
             max_member_metadata_bytes=get("message.max.bytes", 1048588),
+            offset_commit_timeout_ms=get("offsets.commit.timeout.ms", OFFSET_COMMIT_TIMEOUT_MS),
         )

@@ -1,15 +1,19 @@
-"""`__consumer_offsets` on the broker's own storage: append, wait until durable, replay.
+"""`__consumer_offsets` through the broker's partition access: append, wait until acknowledged, replay.
 
 The coordinator talks to this narrow interface only (`OffsetsLog`), so unit tests can give
-it an in-memory log and a multi-broker version can put replication behind it. Appends are
-synchronous, so records reach the log in the order the coordinator decided them; the
-durability wait is separate, and a reply that promises durability awaits it (acks=all).
+it an in-memory log. Appends are synchronous, so records reach the log in the order the
+coordinator decided them; the acknowledgement wait is separate, and a reply that promises
+durability awaits it. Writes go through the broker's `PartitionAccess` as a produce with
+acks=all would: on the single node that is "fsynced"; replicated, it is "durable on every
+in-sync replica" (the replicated high watermark passed it), within `offsets.commit.timeout.ms`.
+Each append names the leader epoch the coordinator loaded the partition under, so a
+coordinator whose partition moved to another leader cannot write to it any more.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from ...errors import ErrorCode, KafkaError
@@ -17,11 +21,13 @@ from ...records.batch import read_header
 from ...records.builder import NewRecord, build_batch
 from ...records.reader import CorruptRecordsError
 from ..partitioning import partition_for
+from .settings import OFFSET_COMMIT_TIMEOUT_MS
 
 if TYPE_CHECKING:
     from ...storage.flusher import GroupCommitFlusher
     from ...storage.log_manager import LogManager
     from ...storage.partition import Partition
+    from ..host import InternalPartitions
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +35,9 @@ OFFSETS_TOPIC = "__consumer_offsets"
 # Kafka's offsets.topic.segment.bytes default: small segments keep compaction (and our replay) cheap.
 OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": 104857600}
 SEQUENCE_SPACE = 1 << 31
+# Leadership answers of the partition access that mean "this broker is not the coordinator any more".
+_NOT_LEADER = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                         ErrorCode.UNKNOWN_LEADER_EPOCH})
 
 
 class TxnProducer(NamedTuple):
@@ -65,30 +74,72 @@ class OffsetsLog(Protocol):
     def partition_for(self, group_id: str) -> int: ...
 
     def append(self, partition: int, records: Sequence[tuple[bytes, bytes | None]], now_ms: int,
-               producer: TxnProducer | None = None) -> Written: ...
+               producer: TxnProducer | None = None, leader_epoch: int = -1) -> Written:
+        """Append now (leader epoch -1: whatever epoch the partition has); `durable` waits for the acknowledgement."""
+        ...
 
     async def durable(self, written: Written) -> ErrorCode: ...
 
-    def replay(self, partition: int) -> Iterator[StoredRecord | StoredMarker]: ...
+    def end_offset(self, partition: int) -> int:
+        """The partition's log end offset: a load replays up to it."""
+        ...
+
+    def replay(self, partition: int, start: int | None = None) -> Iterator[StoredRecord | StoredMarker]:
+        """Records and markers from `start` (default: the log start) to the log end as of the first step."""
+        ...
+
+
+class _LocalPartitions:
+    """The single node's answers, for an `OffsetsTopic` built without the broker's partition access (tools and
+    tests on bare storage): every local partition is led here, acknowledged = fsynced."""
+
+    def __init__(self, logs: LogManager, flusher: GroupCommitFlusher) -> None:
+        self._logs = logs
+        self._flusher = flusher
+
+    def leader(self, topic: str, partition: int, current_leader_epoch: int = -1) -> Partition | ErrorCode:
+        part = self._logs.get_partition(topic, partition)
+        return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if part is None else part
+
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        return 0 if self._logs.get_partition(topic, partition) is not None else -1
+
+    def check_append(self, part: Partition, acks: int) -> ErrorCode:
+        return ErrorCode.NONE
+
+    def wait_acks_all(self, part: Partition, end_offset: int, timeout_ms: int) -> Awaitable[None]:
+        return self._flusher.wait_durable(part.log, end_offset)
 
 
 class OffsetsTopic:
-    """`OffsetsLog` over the broker's LogManager and group-commit flusher."""
+    """`OffsetsLog` over the broker's LogManager and partition access (`access` returns it at each call, so a
+    broker may swap its access after the coordinator was built)."""
 
     def __init__(self, logs: LogManager, flusher: GroupCommitFlusher, partitions: int,
-                 transactional_id_of: Callable[[int], str | None] | None = None) -> None:
+                 transactional_id_of: Callable[[int], str | None] | None = None,
+                 access: Callable[[], InternalPartitions] | None = None,
+                 commit_timeout_ms: int = OFFSET_COMMIT_TIMEOUT_MS) -> None:
         self.logs = logs
         self.flusher = flusher
         self.partitions = partitions
         self._transactional_id_of = transactional_id_of
+        local = _LocalPartitions(logs, flusher)
+        self._access: Callable[[], InternalPartitions] = access or (lambda: local)
+        self.commit_timeout_ms = commit_timeout_ms
 
     def ensure(self) -> None:
-        """Create the topic on first start; afterwards its partition count is what it was created with."""
-        meta = self.logs.topics.get(OFFSETS_TOPIC)
-        if meta is None:
-            meta = self.logs.create_topic(OFFSETS_TOPIC, self.partitions, OFFSETS_TOPIC_CONFIG, internal=True)
+        """The single node: create the topic on first start; afterwards its partition count is what it was
+        created with."""
+        if OFFSETS_TOPIC not in self.logs.topics:
+            self.logs.create_topic(OFFSETS_TOPIC, self.partitions, OFFSETS_TOPIC_CONFIG, internal=True)
             log.info("created %s with %d partitions", OFFSETS_TOPIC, self.partitions)
-        elif meta.partitions != self.partitions:
+        self.adopt_partition_count()
+
+    def adopt_partition_count(self) -> None:
+        """A broker that did not create the topic takes its partition count from the local copy, once it has one
+        (cluster mode: the controller created it, with offsets.topic.num.partitions of its own config)."""
+        meta = self.logs.topics.get(OFFSETS_TOPIC)
+        if meta is not None and meta.partitions != self.partitions:
             log.warning("%s has %d partitions; offsets.topic.num.partitions=%d is ignored once it exists",
                         OFFSETS_TOPIC, meta.partitions, self.partitions)
             self.partitions = meta.partitions
@@ -100,10 +151,17 @@ class OffsetsTopic:
         return self.logs.get_partition(OFFSETS_TOPIC, partition)
 
     def append(self, partition: int, records: Sequence[tuple[bytes, bytes | None]], now_ms: int,
-               producer: TxnProducer | None = None) -> Written:
-        part = self._partition(partition)
-        if part is None:
+               producer: TxnProducer | None = None, leader_epoch: int = -1) -> Written:
+        access = self._access()
+        part = access.leader(OFFSETS_TOPIC, partition, leader_epoch)
+        if isinstance(part, ErrorCode):
+            if part in _NOT_LEADER:
+                return Written(ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                               f"{OFFSETS_TOPIC}-{partition} is not led here at epoch {leader_epoch}")
             return Written(ErrorCode.COORDINATOR_NOT_AVAILABLE, f"{OFFSETS_TOPIC}-{partition} does not exist")
+        refused = access.check_append(part, -1)
+        if refused:
+            return Written(refused, f"{OFFSETS_TOPIC}-{partition}: {refused.name}")
         new = [NewRecord(key, value, timestamp_ms=now_ms) for key, value in records]
         txn_id = None
         if producer is None:
@@ -130,18 +188,23 @@ class OffsetsTopic:
         if part is None:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         try:
-            await self.flusher.wait_durable(part.log, written.last_offset + 1)
+            await self._access().wait_acks_all(part, written.last_offset + 1, self.commit_timeout_ms)
         except KafkaError as exc:
-            log.error("%s-%d is not durable: %s", OFFSETS_TOPIC, written.partition, exc.message)
+            log.error("%s-%d: offset %d is not acknowledged: %s", OFFSETS_TOPIC, written.partition,
+                      written.last_offset, exc.message)
             return exc.code
         return ErrorCode.NONE
 
-    def replay(self, partition: int) -> Iterator[StoredRecord | StoredMarker]:
+    def end_offset(self, partition: int) -> int:
+        part = self._partition(partition)
+        return 0 if part is None else part.log.log_end_offset
+
+    def replay(self, partition: int, start: int | None = None) -> Iterator[StoredRecord | StoredMarker]:
         part = self._partition(partition)
         if part is None:
             return
         try:
-            for batch in part.iter_decoded_batches():
+            for batch in part.iter_decoded_batches(start):
                 header = batch.header
                 if header.is_control:
                     if batch.marker is not None:

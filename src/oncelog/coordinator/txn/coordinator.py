@@ -1,11 +1,21 @@
 """The transaction coordinator: KIP-360's InitProducerId table, Kafka's state machine, and the
 seeds' recovery rules (KAFKA-9803 timeouts), all in one place.
 
-Every transition is written to `__transaction_state` and made durable before anyone is
-told about it; markers go to partitions through `Partition.append_marker` (a local call
-standing in for WriteTxnMarkers), and `EndTxn` is answered once the markers are
-durable, so a committed transaction is visible to read_committed readers the moment
-`commit_transaction()` returns.
+Every transition is written to `__transaction_state` and acknowledged (acks=all, through
+the broker's partition access) before anyone is told about it; markers go to partitions
+through `Partition.append_marker` (a local call standing in for WriteTxnMarkers), and
+`EndTxn` is answered once the markers are acknowledged, so a committed transaction is
+visible to read_committed readers the moment `commit_transaction()` returns.
+
+Ownership is per partition of `__transaction_state` (`..ownership`), as for the group
+coordinator: `on_leadership(topic, partition, leader_epoch)` loads a partition's
+transactional ids in the background (COORDINATOR_LOAD_IN_PROGRESS meanwhile),
+`on_resignation(topic, partition)` drops them, ids of partitions not loaded here answer
+NOT_COORDINATOR, and every write names the leader epoch of its load (also as the markers'
+coordinator epoch, which partitions use to fence an older coordinator's markers). The
+single node calls `startup()`, which owns every partition at epoch 0 and creates the log on
+first use. Finishing the transactions a failed-over coordinator left in PrepareCommit or
+PrepareAbort on another broker's partitions is the next step (markers as requests).
 
 Where the seeds go beyond Kafka:
 - `last_producer_epoch` is persisted, so a retried InitProducerId(pid, epoch) whose first
@@ -28,21 +38,32 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ...errors import ErrorCode
+from ...errors import ErrorCode, KafkaError
 from ...records.batch import read_header
 from ...records.builder import NewRecord, build_batch
+from ..ownership import SINGLE_NODE_EPOCH, Ownership, PartitionLoad
 from ..partitioning import partition_for
 from .log_format import decode_key, decode_value, encode_key, encode_value
 from .metadata import EXHAUSTED_EPOCH, MAX_EPOCH, STATE_BY_NAME, TransactionMetadata, TxnState
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from ...storage.partition import Partition
     from ..host import TransactionHost
 
 log = logging.getLogger(__name__)
 
 TXN_TOPIC = "__transaction_state"
 OFFSETS_TOPIC = "__consumer_offsets"
-COORDINATOR_EPOCH = 0  # one broker, never failed over
+# How long a transaction log write or a marker waits for the in-sync replicas (Kafka's coordinator waits
+# request.timeout.ms, whose default this is).
+WRITE_TIMEOUT_MS = 30000
+# Records replayed between two turns of the event loop while a partition loads on a running broker.
+LOAD_STEP = 1000
+# Leadership answers of the partition access that mean "this broker does not coordinate this partition now".
+_NOT_LEADER = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                         ErrorCode.UNKNOWN_LEADER_EPOCH})
 
 # Where a timed-out owner is told TRANSACTION_ABORTABLE (120) rather than UNKNOWN_PRODUCER_ID (59): only
 # TxnOffsetCommit v4+. On EndTxn, AddPartitionsToTxn and AddOffsetsToTxn the Java client (4.4) handles 120
@@ -56,6 +77,14 @@ FENCED_SINCE = {"AddPartitionsToTxn": 2, "AddOffsetsToTxn": 2, "EndTxn": 2, "Ini
 
 def now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def _final_states(replayed: Iterable[tuple[str, TransactionMetadata | None]]) -> dict[str, TransactionMetadata]:
+    """The last state of each id in a replay (a tombstone removes it)."""
+    states: dict[str, TransactionMetadata | None] = {}
+    for txn_id, meta in replayed:
+        states[txn_id] = meta
+    return {txn_id: meta for txn_id, meta in states.items() if meta is not None}
 
 
 @dataclass
@@ -72,12 +101,23 @@ class TransactionCoordinator:
         self.txns: dict[str, TransactionMetadata] = {}
         self.by_producer: dict[int, str] = {}
         self.stats = {"timed_out": 0, "committed": 0, "aborted": 0, "fenced": 0}
+        self.owned = Ownership(TXN_TOPIC)
         self._tasks: list[asyncio.Task] = []
+        self._started = False
+        # The single node (`startup`): it owns every partition and creates the log on first use. In a cluster the
+        # log is created like any topic (the broker's FindCoordinator path) and partitions come from leadership.
+        self._local = False
 
     # -- lifecycle ------------------------------------------------------------------------------------------
     @property
     def partitions(self) -> int:
-        return self.config["transaction.state.log.num.partitions"]
+        """The transaction log's partition count: the existing topic's, else transaction.state.log.num.partitions."""
+        meta = self.broker.logs.topics.get(TXN_TOPIC)
+        return meta.partitions if meta is not None else self.config["transaction.state.log.num.partitions"]
+
+    def partition_for(self, txn_id: str) -> int:
+        """The partition of the transaction log that holds `txn_id` (its coordinator is that partition's leader)."""
+        return partition_for(txn_id, self.partitions)
 
     def _ensure_log(self) -> None:
         """Create the transaction log on first use, as Kafka does: brokers that never see a transactional
@@ -87,39 +127,20 @@ class TransactionCoordinator:
             logs.create_topic(TXN_TOPIC, self.partitions, {"cleanup.policy": "compact"}, internal=True)
 
     def startup(self) -> None:
-        logs = self.broker.logs
-        if TXN_TOPIC not in logs.topics:
-            return
-        for p in range(logs.topics[TXN_TOPIC].partitions):
-            part = logs.get_partition(TXN_TOPIC, p)
-            if part is None:
-                continue
-            for batch in part.iter_decoded_batches():
-                if batch.header.is_control:
-                    continue
-                for record in batch.records:
-                    if record.key is None:
-                        continue
-                    try:
-                        txn_id = decode_key(record.key)
-                        if record.value is None:
-                            self._forget(txn_id)
-                            continue
-                        meta = decode_value(txn_id, record.value)
-                    except Exception as exc:  # a damaged record must not stop the broker from starting
-                        log.error("%s-%d: unreadable transaction log record at %d: %s", TXN_TOPIC, p,
-                                  record.offset, exc)
-                        continue
-                    self._index(meta)
+        """The single node: own every partition of the transaction log at epoch 0, loaded now (before the broker
+        listens); the log itself is created on first use."""
+        self._local = True
+        for p in range(self.partitions):
+            if self.owned.get(p) is None:
+                load = self.owned.begin(p, SINGLE_NODE_EPOCH)
+                part = self.broker.logs.get_partition(TXN_TOPIC, p)
+                self._install(load, _final_states(self._replay(part, p)) if part is not None else {})
         log.info("transaction coordinator loaded %d transactional ids", len(self.txns))
 
     def start(self) -> None:
         loop = asyncio.get_running_loop()
-        for meta in list(self.txns.values()):
-            if meta.state.preparing:
-                # The coordinator stopped between PrepareX and CompleteX: finish the job (markers are idempotent).
-                meta.pending = True
-                loop.create_task(self._complete(meta, meta.state == TxnState.PREPARE_COMMIT))
+        self._started = True
+        self._resume(list(self.txns.values()))
         self._tasks = [
             loop.create_task(self._every(
                 self.config["transaction.abort.timed.out.transaction.cleanup.interval.ms"], self.abort_timed_out)),
@@ -128,9 +149,130 @@ class TransactionCoordinator:
         ]
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        self._started = False
+        tasks = [*self._tasks, *self.owned.tasks()]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _resume(self, metas: Iterable[TransactionMetadata]) -> None:
+        """Transactions whose coordinator stopped between PrepareX and CompleteX: finish the job (markers are
+        idempotent)."""
+        loop = asyncio.get_running_loop()
+        for meta in metas:
+            if meta.state.preparing and not meta.pending:
+                meta.pending = True
+                loop.create_task(self._complete(meta, meta.state == TxnState.PREPARE_COMMIT))
+
+    # -- partition ownership (the broker's leadership of __transaction_state partitions) --------------------------
+    def on_leadership(self, topic: str, partition: int, leader_epoch: int) -> None:
+        """This broker became the leader of `topic`-`partition` at `leader_epoch` (only `__transaction_state`
+        concerns this coordinator): load its transactional ids."""
+        if topic == TXN_TOPIC:
+            self.load_partition(partition, leader_epoch)
+
+    def on_resignation(self, topic: str, partition: int) -> None:
+        """This broker no longer leads `topic`-`partition`: drop its transactional ids."""
+        if topic == TXN_TOPIC:
+            self.unload_partition(partition)
+
+    def load_partition(self, partition: int, leader_epoch: int) -> asyncio.Task | None:
+        """Start loading `partition` in the background (its ids answer COORDINATOR_LOAD_IN_PROGRESS until done);
+        nothing happens if it is loaded or loading at this epoch or a newer one, and a newer epoch than the one
+        loaded reloads it from its log (leadership went elsewhere and came back)."""
+        current = self.owned.get(partition)
+        if current is not None:
+            if leader_epoch <= current.leader_epoch:
+                return current.task
+            self.unload_partition(partition)
+        load = self.owned.begin(partition, leader_epoch)
+        load.task = asyncio.get_running_loop().create_task(self._load(load),
+                                                           name=f"oncelog-load-{TXN_TOPIC}-{partition}")
+        return load.task
+
+    def unload_partition(self, partition: int) -> None:
+        """Forget the ids of `partition`. Work in flight for them (a write, markers) finds its load gone and
+        applies nothing; their transactions are finished by the next coordinator from the log."""
+        load = self.owned.drop(partition)
+        if load is None:
+            return
+        gone = [txn_id for txn_id in self.txns if self.partition_for(txn_id) == partition]
+        for txn_id in gone:
+            self._forget(txn_id)
+        log.info("%s-%d unloaded (leader epoch %d): %d transactional ids are coordinated elsewhere now", TXN_TOPIC,
+                 partition, load.leader_epoch, len(gone))
+
+    @property
+    def loading(self) -> bool:
+        return self.owned.loading
+
+    def owner_error(self, txn_id: str) -> ErrorCode:
+        """NONE when this coordinator serves `txn_id`, else NOT_COORDINATOR or COORDINATOR_LOAD_IN_PROGRESS (an
+        empty id is let through: the request's own validation answers it)."""
+        if not txn_id:
+            return ErrorCode.NONE
+        return self.owned.error(self.partition_for(txn_id))
+
+    async def _load_pause(self) -> None:
+        """Give the event loop a turn during a load (tests replace it to hold a load open)."""
+        await asyncio.sleep(0)
+
+    async def _load(self, load: PartitionLoad) -> None:
+        p = load.partition
+        started = time.monotonic()
+        states: dict[str, TransactionMetadata | None] = {}
+        try:
+            await self._load_pause()
+            part = self.broker.logs.get_partition(TXN_TOPIC, p)
+            start: int | None = None
+            while part is not None:
+                end = part.log.log_end_offset
+                for count, (txn_id, meta) in enumerate(self._replay(part, p, start), 1):
+                    states[txn_id] = meta
+                    if count % LOAD_STEP == 0:
+                        await self._load_pause()
+                if part.log.log_end_offset == end:
+                    break
+                start = end
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("%s-%d: loading transactional ids failed; the partition is not coordinated here",
+                          TXN_TOPIC, p)
+            if self.owned.is_current(load):
+                self.owned.drop(p)
+            return
+        loaded = {txn_id: meta for txn_id, meta in states.items() if meta is not None}
+        if self._install(load, loaded):
+            log.info("%s-%d loaded at leader epoch %d: %d transactional ids in %.0f ms", TXN_TOPIC, p,
+                     load.leader_epoch, len(loaded), (time.monotonic() - started) * 1000)
+
+    @staticmethod
+    def _replay(part: Partition, p: int,
+                start: int | None = None) -> Iterator[tuple[str, TransactionMetadata | None]]:
+        """(transactional id, its state or None for a tombstone) for each record from `start` to the log end."""
+        for batch in part.iter_decoded_batches(start):
+            if batch.header.is_control:
+                continue
+            for record in batch.records:
+                if record.key is None:
+                    continue
+                try:
+                    txn_id = decode_key(record.key)
+                    meta = None if record.value is None else decode_value(txn_id, record.value)
+                except Exception as exc:  # a damaged record must not stop the broker from starting
+                    log.error("%s-%d: unreadable transaction log record at %d: %s", TXN_TOPIC, p, record.offset, exc)
+                    continue
+                yield txn_id, meta
+
+    def _install(self, load: PartitionLoad, loaded: dict[str, TransactionMetadata]) -> bool:
+        if not self.owned.finish(load):
+            return False
+        for meta in loaded.values():
+            self._index(meta)
+        if self._started:
+            self._resume(list(loaded.values()))
+        return True
 
     async def _every(self, interval_ms: int, action: Any) -> None:
         while True:
@@ -157,17 +299,33 @@ class TransactionCoordinator:
                     del self.by_producer[pid]
 
     # -- persistence ----------------------------------------------------------------------------------------
+    def _current(self, meta: TransactionMetadata) -> bool:
+        """Whether `meta` is still the state of its id here (not dropped with its partition, not replaced by a
+        reload): only then may what was decided from it be written or applied."""
+        return self.txns.get(meta.transactional_id) is meta
+
     async def _persist(self, meta: TransactionMetadata, tombstone: bool = False) -> ErrorCode:
-        """Append the metadata (or a tombstone) to the transaction log and wait until it is durable."""
-        try:
-            self._ensure_log()
-        except Exception as exc:
-            log.error("cannot create %s: %s", TXN_TOPIC, exc)
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
-        topic = self.broker.logs.topics[TXN_TOPIC]
-        part = self.broker.logs.get_partition(TXN_TOPIC, partition_for(meta.transactional_id, topic.partitions))
-        if part is None:
-            return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        """Append the metadata (or a tombstone) to the transaction log, under the leader epoch of the partition's
+        load, and wait until it is acknowledged (acks=all)."""
+        p = self.partition_for(meta.transactional_id)
+        load = self.owned.loaded(p)
+        if load is None:
+            return ErrorCode.NOT_COORDINATOR
+        if self._local:
+            try:
+                self._ensure_log()
+            except Exception as exc:
+                log.error("cannot create %s: %s", TXN_TOPIC, exc)
+                return ErrorCode.COORDINATOR_NOT_AVAILABLE
+        access = self.broker.partitions
+        part = access.leader(TXN_TOPIC, p, load.leader_epoch)
+        if isinstance(part, ErrorCode):
+            log.warning("transaction log write for %s: %s-%d answers %s", meta.transactional_id, TXN_TOPIC, p,
+                        part.name)
+            return ErrorCode.NOT_COORDINATOR if part in _NOT_LEADER else ErrorCode.COORDINATOR_NOT_AVAILABLE
+        refused = access.check_append(part, -1)
+        if refused:
+            return ErrorCode.NOT_COORDINATOR if refused in _NOT_LEADER else ErrorCode.COORDINATOR_NOT_AVAILABLE
         now = now_ms()
         value = None if tombstone else encode_value(meta)
         buf = build_batch([NewRecord(encode_key(meta.transactional_id), value, timestamp_ms=now)])
@@ -176,18 +334,25 @@ class TransactionCoordinator:
             log.error("transaction log append for %s failed: %s", meta.transactional_id, result.message)
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         try:
-            await self.broker.flusher.wait_durable(part.log, result.last_offset + 1)
+            await access.wait_acks_all(part, result.last_offset + 1, WRITE_TIMEOUT_MS)
         except Exception as exc:
-            log.error("transaction log for %s is not durable: %s", meta.transactional_id, exc)
+            log.error("transaction log for %s is not acknowledged: %s", meta.transactional_id, exc)
+            if isinstance(exc, KafkaError) and exc.code in _NOT_LEADER:
+                return ErrorCode.NOT_COORDINATOR
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         return ErrorCode.NONE
 
     async def _transition(self, meta: TransactionMetadata, target: TransactionMetadata) -> ErrorCode:
-        """Persist `target` as the new state of `meta`'s id, then (only then) apply it in memory."""
+        """Persist `target` as the new state of `meta`'s id, then (only then) apply it in memory; NOT_COORDINATOR
+        when the id's partition was unloaded before or while the write went out (nothing is applied)."""
+        if not self._current(meta):
+            return ErrorCode.NOT_COORDINATOR
         target.last_update_ms = now_ms()
         error = await self._persist(target)
         if error:
             return error
+        if not self._current(meta):
+            return ErrorCode.NOT_COORDINATOR
         target.pending = meta.pending
         self._index(target)
         return ErrorCode.NONE
@@ -226,6 +391,9 @@ class TransactionCoordinator:
             return InitResult(ErrorCode.INVALID_REQUEST)
         if timeout_ms <= 0 or timeout_ms > self.config["transaction.max.timeout.ms"]:
             return InitResult(ErrorCode.INVALID_TRANSACTION_TIMEOUT)
+        owner = self.owner_error(txn_id)
+        if owner:
+            return InitResult(owner)
         meta = self.txns.get(txn_id)
         if meta is None:
             # In memory only until the first transition is persisted, as Kafka does; registering it now
@@ -300,6 +468,9 @@ class TransactionCoordinator:
                              partitions: Iterable[tuple[str, int]], version: int,
                              api: str = "AddPartitionsToTxn") -> dict[tuple[str, int], ErrorCode]:
         wanted = list(partitions)
+        owner = self.owner_error(txn_id)
+        if owner:
+            return {tp: owner for tp in wanted}
         meta = self.txns.get(txn_id)
         error = self._check_owner(meta, producer_id, epoch, api, version)
         if not error and (meta.pending or meta.state.preparing):
@@ -309,7 +480,7 @@ class TransactionCoordinator:
             error = ErrorCode.INVALID_TXN_STATE
         if error:
             return {tp: error for tp in wanted}
-        unknown = [tp for tp in wanted if self.broker.logs.get_partition(*tp) is None]
+        unknown = [tp for tp in wanted if self.broker.partitions.leader_epoch(*tp) < 0]
         if unknown:
             return {tp: (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if tp in unknown else ErrorCode.OPERATION_NOT_ATTEMPTED)
                     for tp in wanted}
@@ -332,8 +503,11 @@ class TransactionCoordinator:
 
     async def add_offsets(self, txn_id: str, producer_id: int, epoch: int, group_id: str,
                           version: int) -> ErrorCode:
+        owner = self.owner_error(txn_id)
+        if owner:
+            return owner
         tp = (OFFSETS_TOPIC, self.offsets_partition(group_id))
-        if self.broker.logs.get_partition(*tp) is None:
+        if self.broker.partitions.leader_epoch(*tp) < 0:
             return ErrorCode.COORDINATOR_NOT_AVAILABLE
         results = await self.add_partitions(txn_id, producer_id, epoch, [tp], version, api="AddOffsetsToTxn")
         return results[tp]
@@ -343,7 +517,16 @@ class TransactionCoordinator:
 
     def check_txn_offset_commit(self, txn_id: str, producer_id: int, epoch: int, group_id: str,
                                 version: int) -> ErrorCode:
-        """TxnOffsetCommit is only valid inside the transaction that added the group's offsets partition."""
+        """TxnOffsetCommit is only valid inside the transaction that added the group's offsets partition.
+
+        The request goes to the group's coordinator, which need not be this transaction's: when the id's partition
+        is led elsewhere nothing is known here, and the offsets partition's producer state (epoch fencing) and
+        its transaction verification decide, as in Kafka, which makes no such check."""
+        owner = self.owner_error(txn_id)
+        if owner == ErrorCode.NOT_COORDINATOR:
+            return ErrorCode.NONE
+        if owner:
+            return owner
         meta = self.txns.get(txn_id)
         error = self._check_owner(meta, producer_id, epoch, "TxnOffsetCommit", version)
         if error:
@@ -354,6 +537,9 @@ class TransactionCoordinator:
 
     # -- ending -----------------------------------------------------------------------------------------------
     async def end_txn(self, txn_id: str, producer_id: int, epoch: int, commit: bool, version: int) -> ErrorCode:
+        owner = self.owner_error(txn_id)
+        if owner:
+            return owner
         meta = self.txns.get(txn_id)
         if meta is None or producer_id != meta.producer_id:
             return ErrorCode.INVALID_PRODUCER_ID_MAPPING
@@ -396,15 +582,27 @@ class TransactionCoordinator:
         return await self._complete(current, commit)
 
     async def _complete(self, meta: TransactionMetadata, commit: bool) -> ErrorCode:
-        """Write the markers, wait until they are durable, then persist CompleteX."""
+        """Write the markers, wait until they are acknowledged, then persist CompleteX.
+
+        Markers carry the leader epoch of the transaction log partition's load as their coordinator epoch. A
+        partition this broker does not lead (another broker's, in a cluster) cannot take a local marker: the
+        transaction stays PrepareX and is retried (markers sent to other brokers are the next step)."""
+        load = self.owned.loaded(self.partition_for(meta.transactional_id))
         try:
+            if load is None or not self._current(meta):
+                return ErrorCode.NOT_COORDINATOR
+            access = self.broker.partitions
             waits = []
             now = now_ms()
             for topic, index in sorted(meta.partitions):
-                part = self.broker.logs.get_partition(topic, index)
-                if part is None:
-                    continue  # the topic was deleted meanwhile
-                result = part.append_marker(meta.producer_id, meta.producer_epoch, commit, COORDINATOR_EPOCH, now)
+                part = access.leader(topic, index)
+                if isinstance(part, ErrorCode):
+                    if part == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                        continue  # the topic was deleted meanwhile
+                    log.warning("marker for producer %d on %s-%d: %s; retried later", meta.producer_id, topic,
+                                index, part.name)
+                    return ErrorCode.COORDINATOR_NOT_AVAILABLE
+                result = part.append_marker(meta.producer_id, meta.producer_epoch, commit, load.leader_epoch, now)
                 if result.error:
                     log.warning("marker for producer %d on %s: %s", meta.producer_id, part.name, result.message)
                     if result.error == ErrorCode.KAFKA_STORAGE_ERROR:
@@ -415,7 +613,7 @@ class TransactionCoordinator:
                     groups = getattr(self.broker, "group_coordinator", None)
                     if groups is not None:
                         groups.complete_txn(meta.producer_id, commit, index)
-                waits.append(self.broker.flusher.wait_durable(part.log, result.last_offset + 1))
+                waits.append(access.wait_acks_all(part, result.last_offset + 1, WRITE_TIMEOUT_MS))
             if waits:
                 outcomes = await asyncio.gather(*waits, return_exceptions=True)
                 if any(isinstance(o, BaseException) for o in outcomes):
@@ -428,9 +626,10 @@ class TransactionCoordinator:
                 self.stats["committed" if commit else "aborted"] += 1
             return error
         finally:
-            current = self.txns.get(meta.transactional_id)
-            if current is not None:
-                current.pending = False
+            if load is not None and self.owned.is_current(load):
+                current = self.txns.get(meta.transactional_id)
+                if current is not None:
+                    current.pending = False
             meta.pending = False
 
     async def _fence_and_abort(self, meta: TransactionMetadata, timed_out: bool) -> ErrorCode:
@@ -478,10 +677,12 @@ class TransactionCoordinator:
         gone = [m for m in self.txns.values()
                 if m.state.idle and not m.pending and m.last_update_ms <= now - limit]
         for meta in gone:
+            if not self._current(meta):
+                continue
             meta.pending = True
             error = await self._persist(meta, tombstone=True)
             meta.pending = False
-            if not error:
+            if not error and self._current(meta):
                 self._forget(meta.transactional_id)
                 log.info("transactional id %s expired", meta.transactional_id)
         return len(gone)
@@ -538,6 +739,8 @@ class TransactionCoordinator:
         }
         if not txn_id:
             out["error_code"] = ErrorCode.INVALID_REQUEST
+        elif self.owner_error(txn_id):
+            out["error_code"] = self.owner_error(txn_id)
         elif meta is None or meta.state == TxnState.DEAD:
             out["error_code"] = ErrorCode.TRANSACTIONAL_ID_NOT_FOUND
         else:
