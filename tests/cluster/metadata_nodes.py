@@ -8,6 +8,8 @@ brokers. Waits are bounded by the session timeout, never by sleeps tuned to a ma
 from __future__ import annotations
 
 import asyncio
+import os
+import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
@@ -25,9 +27,22 @@ def wait_s(session_timeout_ms: int = SESSION_TIMEOUT_MS) -> float:
     return 3 * session_timeout_ms / 1000 + 10
 
 
-def run(coro: Coroutine[Any, Any, Any], timeout: float = 240.0) -> Any:
-    """Run one test's coroutine on a fresh event loop, bounded."""
-    return asyncio.run(asyncio.wait_for(coro, timeout))
+def run(coro: Coroutine[Any, Any, Any], timeout: float = float(os.environ.get("ONCELOG_TEST_BODY_TIMEOUT", 240))) -> Any:
+    """Run one test's coroutine on a fresh event loop, bounded; on a timeout the stacks of every task still
+    waiting are printed, so a hang names what it waited for."""
+    async def bounded() -> Any:
+        main = asyncio.ensure_future(coro)
+        done, _ = await asyncio.wait({main}, timeout=timeout)
+        if not done:
+            for task in asyncio.all_tasks():
+                if task is not asyncio.current_task():
+                    print(f"--- still waiting: {task.get_name()}", file=sys.stderr)
+                    task.print_stack(limit=8, file=sys.stderr)
+            main.cancel()
+            raise TimeoutError(f"test body did not finish in {timeout:.0f}s")
+        return main.result()
+
+    return asyncio.run(bounded())
 
 
 async def until(condition: Callable[[], bool], what: str, timeout: float | None = None) -> None:

@@ -149,7 +149,8 @@ def test_unreachable_service_is_retried_then_used(coordination_factory, caplog):
         await until(lambda: "unreachable" in caplog.text, "a log line saying the service is unreachable")
         assert not starting.done()
         await loop.run_in_executor(None, lambda: coordination_factory(port=port))
-        await asyncio.wait_for(starting, START_TIMEOUT_S + 30)
+        async with asyncio.timeout(START_TIMEOUT_S + 30):
+            await starting
         try:
             assert store.state == "CONNECTED" and store.cluster_id
         finally:

@@ -280,7 +280,8 @@ class MetadataStore:
                 await self.close()
                 raise StoreUnavailable(f"no ZooKeeper session with {self.servers} after {timeout_s:.0f}s")
             try:
-                await asyncio.wait_for(self._wait_kazoo_connected(), min(remaining, report_every))
+                async with asyncio.timeout(min(remaining, report_every)):
+                    await self._wait_kazoo_connected()
             except TimeoutError:
                 log.warning("coordination service %s unreachable for %.0fs; retrying (gives up after %.0fs)",
                             self.servers, timeout_s - (deadline - self.loop.time()), timeout_s)
@@ -367,7 +368,10 @@ class MetadataStore:
 
         async_result.rawlink(done)
         try:
-            return await asyncio.wait_for(future, timeout if timeout is not None else self.timeout_s)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that arrives as the
+            # answer does, which leaves the cancelled task running
+            async with asyncio.timeout(timeout if timeout is not None else self.timeout_s):
+                return await future
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(f"ZooKeeper request failed: {exc!r}") from exc
         except TimeoutError as exc:
