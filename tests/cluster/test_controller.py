@@ -331,3 +331,71 @@ def test_restarted_broker_loses_its_leaderships_and_isr_membership(coordination_
             await stop_all(nodes)
 
     run(body())
+
+
+def test_leader_isr_write_and_controller_decision_lose_no_update(coordination_connect):
+    """The leader shrinks the ISR while the controller reacts to a death, and the controller decides from an image
+    that has not seen the leader's write yet: its CAS fails, it re-reads, and both changes survive (§7: no lost
+    ISR update)."""
+    async def body():
+        nodes = await start_nodes(coordination_connect, [1, 2, 3, 4])
+        try:
+            ctl = active(nodes)
+            x, y, z = [n.node_id for n in nodes.values() if n is not ctl]
+            await _create(nodes, NewTopic("t", assignments={0: [x, y, z]}))
+            before = ctl.image.partition("t", 0)
+            stale = before                                   # what the controller's image holds now
+            s = nodes[x].image.partition("t", 0)
+            await nodes[x].store.write_partition_state(      # the leader drops lagging z
+                "t", 0, PartitionState(x, s.leader_epoch, (x, y), s.controller_epoch, 0), s.version, None)
+            await until(lambda: ctl.image.partition("t", 0).isr == (x, y), "the controller's image catches up")
+            ctl.image.states[("t", 0)] = stale               # ...and is set back, as if the watch had not fired
+            await nodes[y].stop()                            # the controller must now drop dead y
+            await until(converged(nodes, lambda im: im.partition("t", 0).isr == (x,)), "both changes kept")
+            after = ctl.image.partition("t", 0)
+            assert (after.leader, after.leader_epoch) == (x, before.leader_epoch)
+            assert after.version == before.version + 2, "two writes, none blind"
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
+def test_partitioned_controller_expires_and_comes_back_as_a_member(coordination, coordination_connect,
+                                                                   kazoo_client):
+    from tests.cluster.tcp_proxy import TcpProxy
+
+    chroot = coordination_connect[len(coordination.servers):]
+
+    async def body():
+        proxy = await TcpProxy("127.0.0.1", coordination.port).start()
+        first = await Node(proxy.address + chroot, 1).start()          # the controller-to-be, behind the proxy
+        await until(lambda: first.active, "broker 1 controls")
+        others = {i: await Node(coordination_connect, i).start() for i in (2, 3)}
+        nodes = {1: first, **others}
+        try:
+            epoch = first.controller.epoch
+            await until(converged(nodes, lambda im: set(im.brokers) == {1, 2, 3}), "all registered")
+            await _create(nodes, NewTopic("t", assignments={0: [1, 2], 1: [2, 1]}))
+            old_broker_epoch = first.epoch
+            session = first.store.client_id()
+            proxy.cut()
+            await until(lambda: not first.active, "a SUSPENDED controller stops acting")
+            kazoo_client(coordination.servers, client_id=session).stop()   # its session expires
+            await until(lambda: sum(n.active for n in others.values()) == 1, "another controller")
+            second = active(others)
+            assert second.controller.epoch == epoch + 1
+            await until(converged(others, lambda im: im.partition("t", 0).leader == 2
+                                  and im.partition("t", 1).isr == (2,)), "broker 1's roles moved")
+            proxy.mend()
+            await until(lambda: first.store.state == "CONNECTED" and first.store.broker_epoch is not None
+                        and first.store.broker_epoch > old_broker_epoch, "broker 1 registered again")
+            await until(converged(nodes, lambda im: im.broker_epoch(1) == first.store.broker_epoch
+                                  and im.controller_id == second.node_id), "every image agrees")
+            assert not first.active and first.controller.epoch is None
+            assert first.image.partition("t", 0) == second.image.partition("t", 0)
+        finally:
+            await stop_all(nodes)
+            await proxy.close()
+
+    run(body())
