@@ -20,6 +20,7 @@ from oncelog.records.batch import read_header
 from oncelog.records.builder import build_batch
 
 NONE = 0
+NOT_COORDINATOR = 16
 INVALID_PRODUCER_EPOCH = 47
 UNKNOWN_PRODUCER_ID = 59
 INVALID_TXN_STATE = 48
@@ -338,5 +339,64 @@ def test_list_transactions_filters(tmp_path):
         assert names(c.list_transactions(["Ongoing", "Nope"], [])) == ["a"]
         assert c.state_counts() == {"Ongoing": 1, "Empty": 1}
         assert names(c.list_transactions(["Nope"], [])) == []  # Kafka: an unknown state matches nothing
+
+    run(tmp_path, body)
+
+
+# -- partitions of the transaction log owned by this coordinator ------------------------------------------
+
+TXN_TOPIC = "__transaction_state"
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_prepared_transaction_is_completed_when_its_partition_is_loaded_again(tmp_path, commit):
+    async def body(node: Node, c: TransactionCoordinator) -> None:
+        _, pid, _ = await init(c, "x")
+        p = c.partition_for("x")
+        assert await c.add_partitions("x", pid, 0, [(TOPIC, 0)], 3) == {(TOPIC, 0): NONE}
+        first = node.append("x", pid, 0, 0).base_offset
+        target = c.txns["x"].copy()
+        target.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
+        assert await c._persist(target) == NONE  # the previous coordinator stopped right after PrepareX
+        c.on_resignation(TXN_TOPIC, p)
+        assert "x" not in c.txns and c.owner_error("x") == NOT_COORDINATOR
+        assert (await c.end_txn("x", pid, 0, commit, 3)) == NOT_COORDINATOR
+        await c.load_partition(p, 0)
+        await wait_state(c, "x", TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT)
+        assert node.partition().last_stable_offset == node.partition().log.high_watermark
+        assert node.partition(0).aborted_transactions(0, 100) == ([] if commit else [(pid, first)])
+        assert await c.end_txn("x", pid, 0, commit, 3) == NONE  # the client's retry, on the new coordinator
+
+    run(tmp_path, body)
+
+
+def test_a_transition_in_flight_when_its_partition_goes_is_not_applied(tmp_path):
+    async def body(node: Node, c: TransactionCoordinator) -> None:
+        _, pid, _ = await init(c, "x")
+        p = c.partition_for("x")
+        in_flight = asyncio.ensure_future(c.add_partitions("x", pid, 0, [(TOPIC, 1)], 3))
+        await asyncio.sleep(0)
+        assert not in_flight.done()  # its write waits for the flush round
+        c.on_resignation(TXN_TOPIC, p)
+        assert await in_flight == {(TOPIC, 1): NOT_COORDINATOR}
+        assert "x" not in c.txns and pid not in c.by_producer
+        # The next load has what the log has: the write made it there, so the retry on it is answered as done.
+        await c.load_partition(p, 0)
+        assert c.txns["x"].state == TxnState.ONGOING and c.txns["x"].partitions == {(TOPIC, 1)}
+        assert await c.add_partitions("x", pid, 0, [(TOPIC, 1)], 3) == {(TOPIC, 1): NONE}
+
+    run(tmp_path, body, {"oncelog.fsync.enable": "true"})
+
+
+def test_a_newer_leader_epoch_reloads_and_writes_under_it(tmp_path):
+    async def body(node: Node, c: TransactionCoordinator) -> None:
+        _, pid, _ = await init(c, "x")
+        p = c.partition_for("x")
+        before = c.txns["x"]
+        assert c.load_partition(p, 0) is None and c.txns["x"] is before  # loaded at epoch 0 at startup
+        await c.load_partition(p, 4)
+        assert c.txns["x"] is not before and c.txns["x"].producer_id == pid
+        # The single node leads the log's partitions at epoch 0: a coordinator loaded at 4 cannot write there.
+        assert (await init(c, "x", pid, 0))[0] == NOT_COORDINATOR
 
     run(tmp_path, body)
