@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 # cluster-mode test.
 TEST_MARKERS ?= not kafka_cluster and not kafka_slow and not cluster_slow
 
-.PHONY: setup run test kafka-test coordination-setup cluster-test lint bench clean
+.PHONY: setup run cluster test kafka-test coordination-setup cluster-test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,17 @@ setup: $(STAMP)
 
 run: setup
 	$(VENV)/bin/oncelog serve --data-dir $(DATA_DIR) --listen $(LISTEN)
+
+# A 3-broker cluster on loopback for development: ZooKeeper on CLUSTER_COORDINATION_PORT and brokers on
+# CLUSTER_PORT, +1, +2, data and logs under CLUSTER_DATA_DIR (kept between runs); prints the bootstrap list,
+# Ctrl-C stops everything. Needs java (and Maven the first time, for ZooKeeper's jars).
+CLUSTER_DATA_DIR ?= ./data/cluster
+CLUSTER_BROKERS ?= 3
+CLUSTER_PORT ?= 9092
+CLUSTER_COORDINATION_PORT ?= 2181
+cluster: setup coordination-setup
+	$(VENV)/bin/oncelog cluster start --data-dir $(CLUSTER_DATA_DIR) --brokers $(CLUSTER_BROKERS) \
+		--port $(CLUSTER_PORT) --coordination-port $(CLUSTER_COORDINATION_PORT)
 
 test: setup coordination-setup
 	$(VENV)/bin/ruff check src tests bench

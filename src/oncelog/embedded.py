@@ -1,17 +1,25 @@
-"""Run a real oncelog broker as a subprocess: for tests, benchmarks and pipelines that embed one.
+"""Run real oncelog brokers as subprocesses: for tests, benchmarks and pipelines that embed one.
 
 A broker listens on an ephemeral port (`--listen 127.0.0.1:0`) and announces the port
 on stdout; a restart reuses that port so clients reconnect to the same address.
+
+`ClusterProcess` (`start_cluster`) runs a cluster on loopback: a coordination service (ZooKeeper, a child JVM;
+needs java and its jars, see `oncelog coordination classpath`) and n brokers with node ids 1..n, each its own
+process and data directory, joined through the coordination service.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 
 class BrokerProcess:
@@ -30,6 +38,12 @@ class BrokerProcess:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> BrokerProcess:
+        self.launch()
+        return self.wait_ready(timeout)
+
+    def launch(self) -> None:
+        """Start the process without waiting for it to listen (`wait_ready` does): brokers of a cluster start
+        side by side."""
         args = [sys.executable, "-m", "oncelog", "serve", "--data-dir", str(self.data_dir),
                 "--listen", f"127.0.0.1:{self.port}"]
         for key, value in self.settings.items():
@@ -40,6 +54,10 @@ class BrokerProcess:
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
         log_file.close()
+
+    def wait_ready(self, timeout: float = 30.0) -> BrokerProcess:
+        """Wait for the "listening" line (in cluster mode: printed once the broker has registered)."""
+        assert self.proc is not None, "launch() first"
         deadline = time.monotonic() + timeout
         assert self.proc.stdout is not None
         while time.monotonic() < deadline:
@@ -101,3 +119,155 @@ class BrokerProcess:
     def __exit__(self, *exc: object) -> None:
         if self.alive():
             self.stop()
+
+
+class ClusterProcess:
+    """A coordination service and `n` brokers (node ids 1..n) on loopback, each a process of its own.
+
+    Layout under `directory`: `coordination/` (ZooKeeper's data and log), `broker-<id>/` (a broker's data) and
+    `broker-<id>-broker.log` (its log). `settings` go to every broker (Kafka's key names, e.g.
+    `oncelog.coordination.session.timeout.ms`); `broker_settings` {node id: settings} to one. Brokers keep their
+    ports across restarts; `bootstrap` lists them all.
+    """
+
+    def __init__(self, directory: str | Path, n: int = 3, settings: Mapping[str, object] | None = None, *,
+                 broker_settings: Mapping[int, Mapping[str, object]] | None = None,
+                 chroot: str | None = None, coordination_port: int = 0, broker_ports: Iterable[int] = ()) -> None:
+        from .cluster.coordination_service import CoordinationService
+
+        self.directory = Path(directory)
+        self.n = n
+        self.settings = dict(settings or {})
+        self.chroot = chroot or f"/oncelog-{uuid.uuid4().hex[:8]}"
+        self.coordination = CoordinationService(self.directory / "coordination", port=coordination_port)
+        ports = list(broker_ports)
+        self.brokers: dict[int, BrokerProcess] = {}
+        for node_id in range(1, n + 1):
+            merged = {**self.settings, **dict((broker_settings or {}).get(node_id, {})), "node.id": node_id}
+            broker = BrokerProcess(self.directory / f"broker-{node_id}", merged)
+            if node_id <= len(ports):
+                broker.port = ports[node_id - 1]
+            self.brokers[node_id] = broker
+
+    @property
+    def connect(self) -> str:
+        """The coordination connect string the brokers use (`oncelog.coordination.connect`)."""
+        return self.coordination.connect_string(self.chroot)
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(b.bootstrap for b in self.brokers.values())
+
+    @property
+    def session_timeout_ms(self) -> int:
+        return int(self.settings.get("oncelog.coordination.session.timeout.ms", 9000))
+
+    def start(self, timeout: float = 120.0) -> ClusterProcess:
+        """The coordination service, then every broker side by side; returns once each broker sees all n."""
+        deadline = time.monotonic() + timeout
+        try:
+            if not self.coordination.alive():
+                self.coordination.start()
+            launched = []
+            for broker in self.brokers.values():
+                broker.settings["oncelog.coordination.connect"] = self.connect
+                if not broker.alive():
+                    broker.launch()
+                    launched.append(broker)
+            for broker in launched:
+                broker.wait_ready(max(deadline - time.monotonic(), 1.0))
+            self.wait_registered(set(self.brokers), max(deadline - time.monotonic(), 1.0))
+        except BaseException:
+            self.kill_all()
+            raise
+        return self
+
+    def start_broker(self, node_id: int, timeout: float = 60.0) -> BrokerProcess:
+        broker = self.brokers[node_id]
+        broker.settings["oncelog.coordination.connect"] = self.connect
+        return broker.start(timeout)
+
+    def stop_broker(self, node_id: int, timeout: float = 60.0) -> int:
+        """SIGTERM (a controlled shutdown) and wait; the exit code."""
+        return self.brokers[node_id].stop(timeout)
+
+    def kill(self, node_id: int) -> None:
+        """SIGKILL one broker."""
+        self.brokers[node_id].kill()
+
+    def restart(self, node_id: int, clean: bool = False, timeout: float = 60.0) -> BrokerProcess:
+        """SIGKILL (SIGTERM when `clean`) one broker and start it again on its port and data. After a SIGKILL
+        the new process waits for its previous session to expire before it registers (at most the session
+        timeout)."""
+        broker = self.brokers[node_id]
+        broker.stop(timeout) if clean else broker.kill()
+        return self.start_broker(node_id, timeout + self.session_timeout_ms / 1000)
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """SIGTERM every broker at once (each does its controlled shutdown), then the coordination service."""
+        for broker in self.brokers.values():
+            if broker.alive() and broker.proc is not None:
+                broker.proc.send_signal(signal.SIGTERM)
+        for broker in self.brokers.values():
+            if broker.alive():
+                broker.stop(timeout)
+        self.coordination.stop()
+
+    def kill_all(self) -> None:
+        for broker in self.brokers.values():
+            if broker.alive():
+                broker.kill()
+        self.coordination.kill()
+
+    def alive(self) -> list[int]:
+        return [n for n, b in self.brokers.items() if b.alive()]
+
+    # -- what the cluster says about itself (a Metadata request to a live broker) ------------------------------
+    def metadata(self, via: int | None = None, topics: list[str] | None = None, timeout: float = 10.0) -> Any:
+        """A Metadata (v12) response from broker `via` (default: the first live one), as kafka-python's object."""
+        node = via if via is not None else self.alive()[0]
+        return asyncio.run(_metadata(self.brokers[node].port, topics, timeout))
+
+    def controller(self, via: int | None = None) -> int:
+        return self.metadata(via, []).controller_id
+
+    def wait_registered(self, node_ids: set[int], timeout: float = 60.0, via: int | None = None) -> None:
+        """Until a broker's Metadata lists exactly `node_ids` as live brokers (and names a controller)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                md = self.metadata(via, [])
+                if {b.node_id for b in md.brokers} == node_ids and md.controller_id in node_ids:
+                    return
+            except Exception:  # noqa: BLE001 - a broker still starting or just killed: ask again
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"brokers {sorted(node_ids)} not all registered after {timeout}s")
+            time.sleep(0.1)
+
+    def __enter__(self) -> ClusterProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+async def _metadata(port: int, topics: list[str] | None, timeout: float) -> Any:
+    from .client.connection import BrokerConnection
+    from .protocol.apis import ApiKey
+
+    conn = BrokerConnection("127.0.0.1", port, request_timeout_ms=int(timeout * 1000),
+                            connect_timeout_ms=int(timeout * 1000))
+    await conn.connect()
+    try:
+        wanted = None if topics is None else [{"name": t} for t in topics]
+        return await conn.call(ApiKey.METADATA, {"topics": wanted, "allow_auto_topic_creation": False,
+                                                 "include_topic_authorized_operations": False}, version=12)
+    finally:
+        await conn.close()
+
+
+def start_cluster(directory: str | Path, n: int = 3, settings: Mapping[str, object] | None = None,
+                  timeout: float = 120.0, **kwargs: Any) -> ClusterProcess:
+    """A started `ClusterProcess`: the coordination service and `n` brokers; `stop()` it when done."""
+    return ClusterProcess(directory, n, settings, **kwargs).start(timeout)

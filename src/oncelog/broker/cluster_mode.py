@@ -12,9 +12,8 @@ stop:   controlled shutdown through the controller (leaderships move first, so c
         errors) -> [the broker stops listening] -> controller resigns -> fetchers, replica manager -> session
         closed (the registration goes at once) -> [storage closes].
 
-Local replicas follow the image: a partition assigned here is opened (created empty) under the topic id the image
-gives, a local copy of an older topic of the same name is deleted first, topic config changes and partition count
-changes are applied to the local logs, and copies the controller deletes (topic deletion, reassignment) go.
+Local replicas follow the image (the replica manager opens, reconfigures and deletes them through the log
+manager); this module reports deleted copies to the store and wakes long polls on partitions that went.
 Session loss (docs/cluster.md §5.4) is the store's and the replica manager's business; this module re-arms
 acknowledgements when the lease is back and ends the broker if it cannot register again (its node.id taken).
 """
@@ -34,18 +33,21 @@ from ..cluster.metadata_store import CONNECTED, LOST, MetadataStore, StoreUnavai
 from ..cluster.producer_ids import ClusterProducerIds
 from ..cluster.replica_fetcher import ReplicaFetcherManager
 from ..cluster.replica_manager import ReplicaManager, Role
-from ..config import ConfigError, parse_topic_overrides
-from ..errors import ErrorCode, KafkaError
+from ..errors import ErrorCode
 from .partition_access import ReplicatedPartitionAccess
 
 if TYPE_CHECKING:
     from ..cluster.metadata_image import ImageDelta
-    from ..storage.partition import Partition
     from .server import Broker
 
 log = logging.getLogger("oncelog.cluster")
 
 AUTO_CREATE_TIMEOUT_MS = 30000
+
+
+def _names(partitions: list[Any], limit: int = 10) -> str:
+    shown = ", ".join(f"{k[0]}-{k[1]}" if isinstance(k, (tuple, list)) else str(k) for k in partitions[:limit])
+    return shown + (f" and {len(partitions) - limit} more" if len(partitions) > limit else "")
 
 
 class ClusterStartError(RuntimeError):
@@ -111,7 +113,6 @@ class ClusterMode:
         self.replicas = ReplicaManager(
             self.node_id, self.image, broker.logs, self.config,
             write_state=store.write_partition_state, lease=store,
-            ensure_local=self._ensure_local, delete_local=self._delete_local,
             on_readable=broker.watchers.notify, on_topic_deleted=self._report_deleted, flusher=broker.flusher)
         self.fetchers = ReplicaFetcherManager(self.node_id, self.image, broker.logs, self.replicas, self.config,
                                               broker_epoch=lambda: self.broker_epoch)
@@ -131,7 +132,6 @@ class ClusterMode:
             raise ClusterStartError(f"cannot register with the coordination service: {exc}") from None
         store.on_state_change(self._on_store_state)
         self.image.subscribe(self._on_delta)
-        self._apply_local_topic_changes(set(self.image.topics))
         self.replicas.start(self.fetchers)
         self.controller = Controller(self.node_id, store, self.image, self.config)
         await self.controller.start()
@@ -149,72 +149,13 @@ class ClusterMode:
         return await self.store.allocate_producer_ids(self.node_id, size)
 
     # -- local replicas ----------------------------------------------------------------------------------------
-    def _ensure_local(self, topic: str, index: int) -> Partition | None:
-        logs = self.broker.logs
-        info = self.image.topics.get(topic)
-        if info is None:
-            return None
-        meta = logs.topics.get(topic)
-        if meta is not None and meta.topic_id != info.topic_id:
-            log.warning("deleting the local copy of an older topic named %s", topic)
-            self._delete_local(topic, None)
-        try:
-            return logs.open_replica(topic, info.topic_id, index, info.partition_count, self._overrides(topic),
-                                     internal=topic.startswith("__"))
-        except KafkaError as exc:
-            log.error("cannot open the replica %s-%d: %s", topic, index, exc.message)
-            return None
-
-    def _overrides(self, topic: str) -> dict[str, Any]:
-        raw = self.image.topic_configs.get(topic, {})
-        try:
-            return parse_topic_overrides(raw)
-        except ConfigError as exc:
-            log.error("topic %s: ignoring invalid config overrides %s: %s", topic, raw, exc)
-            return {}
-
-    def _delete_local(self, topic: str, index: int | None) -> None:
-        logs = self.broker.logs
-        if topic not in logs.topics:
-            return
-        try:
-            if index is None:
-                logs.delete_topic(topic)
-                log.info("deleted the local copy of topic %s", topic)
-            else:
-                logs.delete_replica(topic, index)
-                log.info("deleted the local replica %s-%d", topic, index)
-        except KafkaError as exc:
-            log.error("deleting the local copy of %s failed: %s", topic, exc.message)
-        self.broker.watchers.notify_all()  # long polls on deleted partitions answer now
-
     async def _report_deleted(self, topic: str, topic_id: bytes) -> None:
         assert self.store is not None
         await self.store.complete_topic_deletion(topic, topic_id, self.node_id)
 
     def _on_delta(self, delta: ImageDelta) -> None:
-        changed = set(delta.configs) | {t for t, _ in delta.partitions}
-        if changed:
-            self._apply_local_topic_changes(changed)
-        if delta.topics_removed:
-            self.broker.watchers.notify_all()
-
-    def _apply_local_topic_changes(self, topics: set[str]) -> None:
-        """Topic configs and partition counts of the image, on the local copies."""
-        logs = self.broker.logs
-        for name in topics:
-            meta, info = logs.topics.get(name), self.image.topics.get(name)
-            if meta is None or info is None or meta.topic_id != info.topic_id:
-                continue
-            try:
-                if info.partition_count > meta.partitions:
-                    logs.set_partition_count(name, info.partition_count)
-                overrides = self._overrides(name)
-                if overrides != dict(meta.config.overrides):
-                    logs.alter_topic_config(name, overrides)
-                    log.info("topic %s: config overrides now %s", name, overrides)
-            except (KafkaError, OSError) as exc:
-                log.error("topic %s: applying the cluster's metadata locally failed: %s", name, exc)
+        if delta.topics_removed or delta.deletions:
+            self.broker.watchers.notify_all()  # long polls on deleted partitions answer now
 
     # -- the session -------------------------------------------------------------------------------------------
     def _on_store_state(self, state: str) -> None:
@@ -268,11 +209,27 @@ class ClusterMode:
                     log.info("controlled shutdown done in %.1f s: no leadership left here",
                              loop.time() - started)
                     return
+                if not self._successor_possible(remaining):
+                    log.warning("controlled shutdown: no other live in-sync replica can lead %s; stopping",
+                                _names(remaining))
+                    return
             log.warning("controlled shutdown attempt %d/%d: %s, still leading %s", attempt, attempts,
-                        code.name, remaining[:10])
+                        code.name, _names(remaining))
             if attempt < attempts:
                 await asyncio.sleep(backoff)
-        log.warning("controlled shutdown incomplete; stopping anyway")
+            if self.store.state != CONNECTED:
+                break
+        log.warning("controlled shutdown incomplete; stopping anyway (the session's end moves what is left)")
+
+    def _successor_possible(self, remaining: list[Any]) -> bool:
+        """Whether another live broker is in the ISR of any partition still led here (a retry could help)."""
+        for key in remaining:
+            state = self.image.states.get(tuple(key)) if isinstance(key, (tuple, list)) else None
+            if state is None:
+                return True
+            if any(r != self.node_id and self.image.is_live(r) for r in state.isr):
+                return True
+        return False
 
     async def _ask_controlled_shutdown(self, deadline: float) -> tuple[ErrorCode, list[Any]]:
         assert self.inter_broker is not None and self.controller is not None

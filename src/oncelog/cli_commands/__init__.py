@@ -12,11 +12,11 @@ import logging
 import sys
 from typing import Any
 
-from . import consume, coordination, groups, produce, producers, records, topics, transactions
+from . import cluster, consume, coordination, groups, produce, producers, records, topics, transactions
 from .common import CommandError, connection_options
 from .interrupts import stop_on_signals
 
-FAMILIES = [topics, produce, consume, records, producers, transactions, groups, coordination]
+FAMILIES = [topics, produce, consume, records, producers, transactions, groups, coordination, cluster]
 
 
 def register(sub: Any) -> None:
