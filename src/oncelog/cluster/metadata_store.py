@@ -235,6 +235,8 @@ class MetadataStore:
         self._lease_task: asyncio.Task | None = None
         self._resync_task: asyncio.Task | None = None
         self._closing = False
+        self._needs_resync = False
+        self._registered_session: int | None = None
         self._data_watch = self._on_watch                       # one callable per kind: kazoo keeps a set per path
         self._child_watch = self._on_child_watch
 
@@ -415,46 +417,51 @@ class MetadataStore:
             return
         if state == KazooState.SUSPENDED:
             log.warning("ZooKeeper connection lost; session may still be alive (SUSPENDED)")
+            self._needs_resync = True
             self._set_state(SUSPENDED)
         elif state == KazooState.LOST:
             log.warning("ZooKeeper session expired (LOST): registration and controller seat are gone")
+            self._needs_resync = True
             self._controller = None
             self.broker_epoch = None
             self._confirmed_session = None
             self._set_state(LOST)
-        elif state == KazooState.CONNECTED:
+        elif state == KazooState.CONNECTED and self._needs_resync:   # (start() reads the first session itself)
+            self._needs_resync = False
             client_id = self._client.client_id
             session = client_id[0] if client_id else None
-            if self._session_id is None:        # start() handles the first session
-                return
             if self._resync_task is not None and not self._resync_task.done():
                 self._resync_task.cancel()
-            self._resync_task = self.loop.create_task(self._resync(new_session=session != self._session_id,
-                                                                   session=session))
+            self._resync_task = self.loop.create_task(self._resync(session))
 
-    async def _resync(self, new_session: bool, session: int | None) -> None:
+    async def _resync(self, session: int | None) -> None:
         """After a reconnect kazoo has dropped every watch: read everything again. After a new session (the old
         one expired) register again first, which gives this broker a new epoch."""
-        try:
-            if new_session:
-                self._session_id = session
-                self._controller = None
-                log.info("new ZooKeeper session %s after expiry: registering again and re-reading metadata",
-                         hex(session or 0))
-            self._confirmed_at, self._confirmed_session = _clock(), self._session_id
-            if new_session and self._registration is not None:
-                await self._register(self._registration)
-            await self._full_read()
-            if self._client is not None and self._client.connected:
+        if session != self._session_id:
+            self._session_id = session
+            self._controller = None
+            log.info("new ZooKeeper session %s after expiry: registering again and re-reading metadata",
+                     hex(session or 0))
+        self._confirmed_at, self._confirmed_session = _clock(), self._session_id
+        backoff = 0.2
+        while self._client is not None and self._client.connected and not self._closing:
+            try:
+                if self._registration is not None and self._registered_session != self._session_id:
+                    await self._register(self._registration)
+                await self._full_read()
                 self._set_state(CONNECTED)
-        except asyncio.CancelledError:
-            raise
-        except BrokerIdInUse as exc:
-            log.error("cannot register again: %s", exc)
-            self.fatal_error = exc
-            self._set_state(LOST)
-        except Exception:
-            log.exception("re-reading metadata after reconnect failed; will retry on the next connection")
+                return
+            except asyncio.CancelledError:
+                raise
+            except BrokerIdInUse as exc:
+                log.error("cannot register again: %s", exc)
+                self.fatal_error = exc
+                self._set_state(LOST)
+                return
+            except Exception:
+                log.exception("re-reading metadata after reconnect failed; retrying in %.1fs", backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, self.timeout_s / 3)
 
     def _set_state(self, state: str) -> None:
         if state == self.state:
@@ -535,6 +542,7 @@ class MetadataStore:
                                     f"(its session did not expire within {self.timeout_s:.1f}s)")
             await asyncio.sleep(min(0.2, max(0.01, deadline - now)))
         self.broker_epoch = stat.czxid
+        self._registered_session = self._session_id
         self.image.apply_broker(BrokerInfo(reg.node_id, reg.host, reg.port, reg.rack, stat.czxid))
         log.info("registered node.id %d at %s:%d, broker epoch %d", reg.node_id, reg.host, reg.port, stat.czxid)
         await self._read_broker(reg.node_id)          # arms the watch on our own registration
