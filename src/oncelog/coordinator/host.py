@@ -42,6 +42,15 @@ class TransactionalIds(Protocol):
     def by_producer(self) -> Mapping[int, str]: ...
 
 
+class PartitionLeadership(Protocol):
+    """What each coordinator offers the broker: it serves the keys of a partition of its internal topic while this
+    broker leads that partition (both coordinators ignore topics that are not theirs)."""
+
+    def on_leadership(self, topic: str, partition: int, leader_epoch: int) -> None: ...
+
+    def on_resignation(self, topic: str, partition: int) -> None: ...
+
+
 class InternalPartitions(Protocol):
     """The broker's partition access (`broker.partition_access.PartitionAccess`) as far as the coordinators use
     it: their internal topics' partitions are written like any produce with acks=all, so that a coordinator's

@@ -18,6 +18,7 @@ from oncelog.config import load_broker_config
 from oncelog.coordinator.host import (
     GroupHost,
     MetricsRegistry,
+    PartitionLeadership,
     ProducerIdSource,
     TransactionalIds,
     TransactionHost,
@@ -62,6 +63,8 @@ def test_a_started_broker_satisfies_every_host_protocol(tmp_path: Path) -> None:
             assert broker.txn_coordinator is not None and broker.group_coordinator is not None
             assert missing(broker.txn_coordinator, TransactionalIds) == set()
             assert missing(broker.group_coordinator, TxnOffsetsSink) == set()
+            assert missing(broker.group_coordinator, PartitionLeadership) == set()
+            assert missing(broker.txn_coordinator, PartitionLeadership) == set()
             assert missing(Connection(broker), ClientConnection) == set()
             assert isinstance(broker.cluster_id, str) and broker.advertised[1] == broker.port
         finally:
