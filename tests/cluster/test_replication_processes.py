@@ -1,0 +1,167 @@
+"""Replication across broker processes on ZooKeeper, with real clients: the leader is SIGKILLed while an idempotent
+producer writes with acks=all, and nothing acknowledged is lost or duplicated (docs/cluster.md §4).
+
+Three `oncelog serve` processes join one cluster (a fresh chroot of the module's ZooKeeper). Deaths are noticed
+when the ZooKeeper session expires, so the session timeout is short and every wait is derived from it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from oncelog.embedded import BrokerProcess
+
+SESSION_MS = 6000
+WAIT_S = 60 + 6 * SESSION_MS / 1000  # a death to notice, an election, clients to find the new leader
+TOPIC = "replicated"
+RECORDS = 400
+
+
+@pytest.fixture
+def brokers(coordination_connect, tmp_path):
+    started: dict[int, BrokerProcess] = {}
+    for node in (1, 2, 3):
+        started[node] = BrokerProcess(tmp_path / f"broker-{node}", {
+            "oncelog.coordination.connect": coordination_connect, "node.id": node,
+            "oncelog.coordination.session.timeout.ms": SESSION_MS,
+        }).start(timeout=WAIT_S)
+    yield started
+    for proc in started.values():
+        if proc.alive():
+            proc.kill()  # a clean stop of the last broker waits for a controlled shutdown nobody can grant
+
+
+def bootstrap(brokers: dict[int, BrokerProcess]) -> str:
+    return ",".join(p.bootstrap for p in brokers.values() if p.alive())
+
+
+def partition_info(brokers, timeout: float = 10.0):
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    md = admin.list_topics(TOPIC, timeout=timeout)
+    return md.topics[TOPIC].partitions[0]
+
+
+def wait_for(predicate, what: str, timeout: float = WAIT_S):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            last = predicate()
+            if last:
+                return last
+        except Exception as exc:  # a broker that just died may refuse a metadata call
+            last = exc
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}; last: {last!r}")
+
+
+def consume_all(brokers, expected: int) -> list[bytes]:
+    consumer = Consumer({"bootstrap.servers": bootstrap(brokers), "group.id": "check", "enable.auto.commit": False,
+                         "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    values: list[bytes] = []
+    try:
+        consumer.assign([TopicPartition(TOPIC, 0, 0)])
+        deadline = time.monotonic() + WAIT_S
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is None:
+                continue
+            if msg.error():
+                if msg.error().code() == -191 and len(values) >= expected:  # _PARTITION_EOF
+                    return values
+                continue
+            values.append(msg.value())
+        raise AssertionError(f"read {len(values)} of {expected} records in {WAIT_S:.0f}s")
+    finally:
+        consumer.close()
+
+
+def test_leader_sigkill_under_an_idempotent_acks_all_producer_loses_and_duplicates_nothing(brokers):
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    admin.create_topics([NewTopic(TOPIC, 1, 3, config={"min.insync.replicas": "2"})])[TOPIC].result(WAIT_S)
+    first = wait_for(lambda: (p := partition_info(brokers)).leader > 0 and len(p.isrs) == 3 and p,
+                     "the topic with three in-sync replicas")
+    leader = first.leader
+
+    producer = Producer({"bootstrap.servers": bootstrap(brokers), "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "message.timeout.ms": int(WAIT_S * 1000), "retry.backoff.ms": 100})
+    acked: list[tuple[int, bytes]] = []
+    failed: list = []
+    lock = threading.Lock()
+
+    def report(err, msg):
+        with lock:
+            (failed if err else acked).append(err if err else (msg.offset(), msg.value()))
+
+    for i in range(RECORDS):
+        producer.produce(TOPIC, value=b"r%04d" % i, partition=0, on_delivery=report)
+        producer.poll(0)
+        if i == RECORDS // 4:
+            producer.flush(WAIT_S)
+            brokers[leader].kill()  # mid-stream: the rest goes out while the cluster elects
+        elif i % 50 == 0:
+            time.sleep(0.05)
+    remaining = producer.flush(WAIT_S)
+    assert remaining == 0 and not failed, (remaining, failed[:3])
+    assert len(acked) == RECORDS
+
+    after = wait_for(lambda: (p := partition_info(brokers)).leader not in (-1, leader) and p, "a new leader")
+    assert leader not in after.isrs
+    # Every acknowledged record once, in the order written, at the offsets acknowledged.
+    values = consume_all(brokers, RECORDS)
+    assert values == [b"r%04d" % i for i in range(RECORDS)]
+    assert sorted(acked) == [(o, b"r%04d" % o) for o in range(RECORDS)]
+
+    # The killed broker comes back as a follower, catches up and rejoins the ISR; then it can lead: the second
+    # leader is killed too, and the log read through whoever leads next is still exactly the same.
+    brokers[leader].start(timeout=WAIT_S)
+    wait_for(lambda: len(partition_info(brokers).isrs) == 3, "the restarted broker back in the ISR")
+    second = partition_info(brokers).leader
+    brokers[second].kill()
+    wait_for(lambda: (p := partition_info(brokers)).leader not in (-1, second) and p, "a third leader")
+    assert consume_all(brokers, RECORDS) == [b"r%04d" % i for i in range(RECORDS)]
+
+
+def test_acks_all_waits_for_every_isr_member_and_survives_the_leader(brokers):
+    """Both followers paused (SIGSTOP, shorter than the session): acks=all writes stay unanswered, since they are
+    on the leader only. The leader is SIGKILLed and the followers resume: one of them is elected, the producer's
+    retries land there once, and every record is read exactly once."""
+    import os
+    import signal
+
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    admin.create_topics([NewTopic(TOPIC, 1, 3, config={"min.insync.replicas": "2"})])[TOPIC].result(WAIT_S)
+    leader = wait_for(lambda: (p := partition_info(brokers)).leader > 0 and len(p.isrs) == 3 and p,
+                      "the topic with three in-sync replicas").leader
+    followers = [n for n in brokers if n != leader]
+    producer = Producer({"bootstrap.servers": bootstrap(brokers), "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 5, "message.timeout.ms": int(WAIT_S * 1000), "retry.backoff.ms": 100})
+    acked: list[int] = []
+    failed: list = []
+    report = lambda err, msg: (failed if err else acked).append(err if err else msg.offset())  # noqa: E731
+    for i in range(10):
+        producer.produce(TOPIC, value=b"a%02d" % i, partition=0, on_delivery=report)
+    assert producer.flush(WAIT_S) == 0 and len(acked) == 10
+    paused = time.monotonic()
+    for n in followers:
+        os.kill(brokers[n].proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(10, 30):
+            producer.produce(TOPIC, value=b"a%02d" % i, partition=0, on_delivery=report)
+        end = time.monotonic() + min(2.0, SESSION_MS / 3000)
+        while time.monotonic() < end:
+            producer.poll(0.1)
+        assert len(acked) == 10 and not failed, "acknowledged while only the leader had the records"
+        brokers[leader].kill()
+    finally:
+        for n in followers:
+            os.kill(brokers[n].proc.pid, signal.SIGCONT)
+    assert time.monotonic() - paused < SESSION_MS / 1000  # the followers kept their sessions
+    assert producer.flush(WAIT_S) == 0 and not failed, failed[:3]
+    assert sorted(acked) == list(range(30))
+    assert consume_all(brokers, 30) == [b"a%02d" % i for i in range(30)]
