@@ -127,19 +127,23 @@ class ClusterProcess:
     Layout under `directory`: `coordination/` (ZooKeeper's data and log), `broker-<id>/` (a broker's data) and
     `broker-<id>-broker.log` (its log). `settings` go to every broker (Kafka's key names, e.g.
     `oncelog.coordination.session.timeout.ms`); `broker_settings` {node id: settings} to one. Brokers keep their
-    ports across restarts; `bootstrap` lists them all.
+    ports across restarts; `bootstrap` lists them all. With `connect` (a running coordination service's connect
+    string, chroot included) no coordination service of its own is started or stopped.
     """
 
     def __init__(self, directory: str | Path, n: int = 3, settings: Mapping[str, object] | None = None, *,
                  broker_settings: Mapping[int, Mapping[str, object]] | None = None,
-                 chroot: str | None = None, coordination_port: int = 0, broker_ports: Iterable[int] = ()) -> None:
+                 chroot: str | None = None, coordination_port: int = 0, broker_ports: Iterable[int] = (),
+                 connect: str | None = None) -> None:
         from .cluster.coordination_service import CoordinationService
 
         self.directory = Path(directory)
         self.n = n
         self.settings = dict(settings or {})
         self.chroot = chroot or f"/oncelog-{uuid.uuid4().hex[:8]}"
-        self.coordination = CoordinationService(self.directory / "coordination", port=coordination_port)
+        self._external = connect
+        self.coordination = None if connect else CoordinationService(self.directory / "coordination",
+                                                                      port=coordination_port)
         ports = list(broker_ports)
         self.brokers: dict[int, BrokerProcess] = {}
         for node_id in range(1, n + 1):
@@ -152,6 +156,9 @@ class ClusterProcess:
     @property
     def connect(self) -> str:
         """The coordination connect string the brokers use (`oncelog.coordination.connect`)."""
+        if self._external is not None:
+            return self._external
+        assert self.coordination is not None
         return self.coordination.connect_string(self.chroot)
 
     @property
@@ -166,7 +173,7 @@ class ClusterProcess:
         """The coordination service, then every broker side by side; returns once each broker sees all n."""
         deadline = time.monotonic() + timeout
         try:
-            if not self.coordination.alive():
+            if self.coordination is not None and not self.coordination.alive():
                 self.coordination.start()
             launched = []
             for broker in self.brokers.values():
@@ -211,13 +218,15 @@ class ClusterProcess:
         for broker in self.brokers.values():
             if broker.alive():
                 broker.stop(timeout)
-        self.coordination.stop()
+        if self.coordination is not None:
+            self.coordination.stop()
 
     def kill_all(self) -> None:
         for broker in self.brokers.values():
             if broker.alive():
                 broker.kill()
-        self.coordination.kill()
+        if self.coordination is not None:
+            self.coordination.kill()
 
     def alive(self) -> list[int]:
         return [n for n, b in self.brokers.items() if b.alive()]

@@ -74,6 +74,7 @@ def _start(args: argparse.Namespace) -> int:
         while True:
             time.sleep(POLL_S)
             dead = [n for n in cluster.brokers if n not in cluster.alive()]
+            assert cluster.coordination is not None
             if dead or not cluster.coordination.alive():
                 what = f"broker(s) {dead}" if dead else "ZooKeeper"
                 cluster.stop()
