@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from oncelog.cluster.controller import ElectionType, NewTopic
+from oncelog.cluster.controller import ElectionType, NewTopic, TopicResult
 from oncelog.cluster.metadata_image import NO_LEADER, PartitionState
 from oncelog.cluster.metadata_store import NotController, StaleVersion
 from oncelog.errors import ErrorCode
@@ -397,5 +397,37 @@ def test_partitioned_controller_expires_and_comes_back_as_a_member(coordination,
         finally:
             await stop_all(nodes)
             await proxy.close()
+
+    run(body())
+
+
+def test_oversized_operations_are_refused_and_big_topics_deleted_in_steps(coordination_connect, monkeypatch):
+    """ZooKeeper drops the connection of a request over jute.maxbuffer; the store measures every multi-op first.
+    Creations that do not fit are refused as Kafka refuses an oversized operation; a topic grown past what one
+    deletion fits is deleted in steps. (The limit is lowered here so that small topics reach it.)"""
+    from oncelog.cluster import metadata_store
+
+    monkeypatch.setattr(metadata_store, "MAX_MULTI_BYTES", 20_000)
+
+    async def body():
+        nodes = await start_nodes(coordination_connect, [1, 2, 3])
+        try:
+            ctl = active(nodes).controller
+            too_big = await ctl.create_topics([NewTopic("huge", 400, 2)])
+            assert too_big["huge"] == TopicResult(ErrorCode.POLICY_VIOLATION,
+                                                  "Unable to perform excessively large batch operation.")
+            await _create(nodes, NewTopic("t", 40, 2))
+            for count in (80, 120, 160, 200, 240):
+                grown = await ctl.create_partitions({"t": (count, None)})
+                assert grown["t"].code == ErrorCode.NONE, grown
+            assert (await ctl.create_partitions({"t": (640, None)}))["t"].code == ErrorCode.POLICY_VIOLATION
+            await until(converged(nodes, lambda im: len([k for k in im.states if k[0] == "t"]) == 240), "240")
+            deleted = await ctl.delete_topics(["t"])
+            assert deleted["t"].code == ErrorCode.NONE
+            await until(converged(nodes, lambda im: "t" not in im.topics and not im.states and "t" in im.deleting),
+                        "the big topic gone everywhere")
+            assert await active(nodes).store.children("/topics") == []
+        finally:
+            await stop_all(nodes)
 
     run(body())

@@ -46,6 +46,7 @@ from .metadata_store import (
     CONNECTED,
     MetadataStore,
     NotController,
+    RequestTooLarge,
     StaleVersion,
     StoreUnavailable,
     TopicExists,
@@ -64,6 +65,7 @@ T = TypeVar("T")
 TopicPartition = tuple[str, int]
 
 UNKNOWN_PARTITION = "This server does not host this topic-partition."
+TOO_LARGE = "Unable to perform excessively large batch operation."   # Kafka's answer to an oversized operation
 NOT_CONTROLLER = "This is not the correct controller for this cluster."
 
 
@@ -409,6 +411,9 @@ class Controller:
                                                        self.epoch, plan.initial))
         except TopicExists as exc:
             return TopicResult(ErrorCode.TOPIC_ALREADY_EXISTS, str(exc))
+        except RequestTooLarge as exc:
+            log.warning("topic %s not created: %s", topic.name, exc)
+            return TopicResult(ErrorCode.POLICY_VIOLATION, TOO_LARGE)
         log.info("created topic %s: %d partition(s), replication factor %d", topic.name, count, rf)
         return TopicResult(ErrorCode.NONE, None, topic_id, count, rf)
 
@@ -466,6 +471,9 @@ class Controller:
             except StaleVersion:
                 await self.store.read_topic(name)
                 continue
+            except RequestTooLarge as exc:
+                log.warning("partitions of %s not added: %s", name, exc)
+                return TopicResult(ErrorCode.POLICY_VIOLATION, TOO_LARGE)
             log.info("topic %s: %d -> %d partitions", name, info.partition_count, count)
             return done
         return TopicResult(ErrorCode.REQUEST_TIMED_OUT, f"Topic {name} kept changing.")

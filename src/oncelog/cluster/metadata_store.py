@@ -43,6 +43,7 @@ from kazoo.exceptions import (
     RuntimeInconsistency,
     SessionExpiredError,
 )
+from kazoo.protocol.serialization import Transaction
 from kazoo.protocol.states import EventType, KazooState, ZnodeStat
 
 from .connect import parse_connect
@@ -71,6 +72,7 @@ TOPIC_CONFIGS = "/configs/topics"
 DELETING = "/deleting"
 PRODUCER_ID_BLOCK = "/latest_producer_id_block"
 
+MAX_MULTI_BYTES = 1_000_000      # under ZooKeeper's default jute.maxbuffer (0xfffff), with room for the header
 _CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
 
 
@@ -102,6 +104,11 @@ class UnknownTopic(StoreError):
 
 class BrokerIdInUse(StoreError):
     """node.id is registered by a live broker under another session."""
+
+
+class RequestTooLarge(StoreError):
+    """A multi-op larger than ZooKeeper accepts in one request (jute.maxbuffer, 1 MB by default): ZooKeeper
+    would drop the connection instead of answering. Sent in smaller steps where that is safe, refused otherwise."""
 
 
 # ---- clock -------------------------------------------------------------------------------------------------------
@@ -390,6 +397,10 @@ class MetadataStore:
             assert self._controller is not None
             txn.check(self._p(CONTROLLER_EPOCH), self._controller[1])
         build(txn)
+        size = len(Transaction(txn.operations).serialize())
+        if size > MAX_MULTI_BYTES:
+            raise RequestTooLarge(f"a {size}-byte ZooKeeper transaction of {len(txn.operations)} operations "
+                                  f"(at most {MAX_MULTI_BYTES} bytes)")
         results = await self._call(txn.commit_async())
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
@@ -708,12 +719,12 @@ class MetadataStore:
         pending[held.topic_id] = tuple(replicas)
         base = self._p(self.topic_path(name))
 
-        def build(txn: Any) -> None:
+        def build(txn: Any, partitions: Sequence[int] | None = None) -> None:
             if deletion is None:
                 txn.create(self._p(f"{DELETING}/{name}"), _deletion_json(pending))
             else:
                 txn.set_data(self._p(f"{DELETING}/{name}"), _deletion_json(pending), version=deletion.version)
-            for p in sorted(held.assignment):
+            for p in sorted(held.assignment) if partitions is None else partitions:
                 txn.delete(f"{base}/partitions/{p}/state")
                 txn.delete(f"{base}/partitions/{p}")
             txn.delete(f"{base}/partitions")
@@ -721,7 +732,14 @@ class MetadataStore:
             txn.delete(self._p(f"{TOPIC_CONFIGS}/{name}"))
 
         try:
-            await self._commit(build, controller_epoch)
+            try:
+                await self._commit(build, controller_epoch)
+            except RequestTooLarge:
+                # Too many partitions for one request: their znodes go first, a batch per multi-op (each pair of
+                # state and partition znode together, so any controller can resume from what is left), then the
+                # topic znode with the rest, atomically.
+                await self._delete_partition_znodes(name, controller_epoch)
+                await self._commit(lambda txn: build(txn, partitions=()), controller_epoch)
         except NoNodeError as exc:
             await self._read_topic(name)
             raise StaleVersion(f"topic {name} changed while being deleted") from exc
@@ -729,6 +747,17 @@ class MetadataStore:
             raise StaleVersion(f"topic {name} changed while being deleted") from exc
         self.image.remove_topic(name, held.created)
         await self._read_deletion(name)
+
+    async def _delete_partition_znodes(self, name: str, controller_epoch: int) -> None:
+        base = self._p(f"{self.topic_path(name)}/partitions")
+        left = sorted(int(p) for p in await self._call(self._kz().get_children_async(base)) if p.isdigit())
+        batch = max(1, MAX_MULTI_BYTES // (4 * (len(base) + 32)))
+        for i in range(0, len(left), batch):
+            def build(txn: Any, chunk: Sequence[int] = left[i:i + batch]) -> None:
+                for p in chunk:
+                    txn.delete(f"{base}/{p}/state")
+                    txn.delete(f"{base}/{p}")
+            await self._commit(build, controller_epoch)
 
     async def set_topic_configs(self, topic: str, configs: Mapping[str, str], expected_version: int,
                                 controller_epoch: int) -> int:
