@@ -13,8 +13,11 @@ import time
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
+from kafka import KafkaConsumer
+from kafka import TopicPartition as KpTopicPartition
 
 from oncelog.embedded import BrokerProcess
+from tests.integration.helpers import metric, scrape
 
 SESSION_MS = 6000
 WAIT_S = 60 + 6 * SESSION_MS / 1000  # a death to notice, an election, clients to find the new leader
@@ -29,7 +32,7 @@ def brokers(coordination_connect, tmp_path):
         started[node] = BrokerProcess(tmp_path / f"broker-{node}", {
             "oncelog.coordination.connect": coordination_connect, "node.id": node,
             "oncelog.coordination.session.timeout.ms": SESSION_MS,
-        }).start(timeout=WAIT_S)
+        }, metrics=True).start(timeout=WAIT_S)
     yield started
     for proc in started.values():
         if proc.alive():
@@ -165,3 +168,54 @@ def test_acks_all_waits_for_every_isr_member_and_survives_the_leader(brokers):
     assert producer.flush(WAIT_S) == 0 and not failed, failed[:3]
     assert sorted(acked) == list(range(30))
     assert consume_all(brokers, 30) == [b"a%02d" % i for i in range(30)]
+
+
+def test_consumers_validate_their_position_with_the_new_leader(brokers):
+    """After a failover the leader epoch in the metadata moves; kafka-python and librdkafka then check the position
+    they hold (an offset and the epoch of the record before it) with OffsetsForLeaderEpoch at the new leader, and
+    read on from there. Records carry the epoch of the leader that wrote them."""
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    admin.create_topics([NewTopic(TOPIC, 1, 3)])[TOPIC].result(WAIT_S)
+    leader = wait_for(lambda: (p := partition_info(brokers)).leader > 0 and len(p.isrs) == 3 and p,
+                      "the topic with three in-sync replicas").leader
+    producer = Producer({"bootstrap.servers": bootstrap(brokers), "enable.idempotence": True, "acks": "all"})
+    for i in range(20):
+        producer.produce(TOPIC, value=b"v%02d" % i, partition=0)
+    assert producer.flush(WAIT_S) == 0
+
+    kp = KafkaConsumer(bootstrap_servers=bootstrap(brokers), enable_auto_commit=False,
+                       auto_offset_reset="earliest", metadata_max_age_ms=1000)
+    ck = Consumer({"bootstrap.servers": bootstrap(brokers), "group.id": "validate", "enable.auto.commit": False,
+                   "auto.offset.reset": "earliest", "topic.metadata.refresh.interval.ms": 1000})
+    read: dict[str, list[tuple[int, int, bytes]]] = {"kafka-python": [], "librdkafka": []}
+
+    def poll_until(count: int) -> None:
+        deadline = time.monotonic() + WAIT_S
+        while min(len(v) for v in read.values()) < count:
+            assert time.monotonic() < deadline, {k: len(v) for k, v in read.items()}
+            for records in kp.poll(200).values():
+                read["kafka-python"] += [(r.offset, r.leader_epoch, r.value) for r in records]
+            msg = ck.poll(0.1)
+            if msg is not None and not msg.error():
+                read["librdkafka"].append((msg.offset(), msg.leader_epoch(), msg.value()))
+
+    try:
+        tp = KpTopicPartition(TOPIC, 0)
+        kp.assign([tp])
+        kp.seek(tp, 0)
+        ck.assign([TopicPartition(TOPIC, 0, 0)])
+        poll_until(20)
+        brokers[leader].kill()
+        new = wait_for(lambda: (p := partition_info(brokers)).leader not in (-1, leader) and p, "a new leader")
+        for i in range(20, 40):
+            producer.produce(TOPIC, value=b"v%02d" % i, partition=0)
+        assert producer.flush(WAIT_S) == 0
+        poll_until(40)
+    finally:
+        kp.close()
+        ck.close()
+    want = [(i, 0 if i < 20 else 1, b"v%02d" % i) for i in range(40)]
+    assert read["kafka-python"] == want
+    assert read["librdkafka"] == want
+    asked = metric(scrape(brokers[new.leader].metrics_port), "oncelog_requests_total", api="OFFSET_FOR_LEADER_EPOCH")
+    assert asked >= 2  # both consumers validated with the new leader
