@@ -250,3 +250,33 @@ def test_controlled_shutdown_moves_leaderships_before_the_broker_stops(cluster):
     assert all(s.leader_id != victim and victim not in s.isr_nodes for s in now.values())
     assert all(now[p].leader_epoch >= 1 for p in led)
     assert errors == []  # clients saw leader changes, not errors
+
+
+def test_consumer_group_offsets_live_on_the_replicated_offsets_topic(cluster):
+    from confluent_kafka import Consumer
+    from confluent_kafka import TopicPartition as ConfluentPartition
+
+    c = cluster()
+    create(c, NewTopic("grouped", num_partitions=2, replication_factor=3))
+    producer = Producer({"bootstrap.servers": c.bootstrap, "acks": "all"})
+    for i in range(20):
+        producer.produce("grouped", value=b"%d" % i, partition=i % 2)
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "readers", "auto.offset.reset": "earliest",
+                         "enable.auto.commit": False})
+    consumer.subscribe(["grouped"])
+    seen: list[bytes] = []
+    deadline = time.monotonic() + converge_s()
+    while len(seen) < 20 and time.monotonic() < deadline:
+        seen += [m.value() for m in consumer.consume(20, 0.5) if m.error() is None]
+    assert sorted(seen, key=int) == [b"%d" % i for i in range(20)]
+    consumer.commit(asynchronous=False)
+    consumer.close()
+    # The coordinator is the leader of the group's __consumer_offsets partition, created on first need with
+    # offsets.topic.replication.factor (3) replicas.
+    offsets = partitions(c, "__consumer_offsets")
+    assert len(offsets) == 50 and all(sorted(p.replica_nodes) == [1, 2, 3] for p in offsets.values())
+    reader = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "readers"})
+    committed = reader.committed([ConfluentPartition("grouped", 0), ConfluentPartition("grouped", 1)], timeout=30)
+    assert [tp.offset for tp in committed] == [10, 10]
+    reader.close()

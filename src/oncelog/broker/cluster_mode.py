@@ -34,10 +34,14 @@ from ..cluster.producer_ids import ClusterProducerIds
 from ..cluster.replica_fetcher import ReplicaFetcherManager
 from ..cluster.replica_manager import ReplicaManager, Role
 from ..errors import ErrorCode
+from . import coordinator_leadership
+from .coordinator_leadership import follow_leadership
 from .partition_access import ReplicatedPartitionAccess
 
 if TYPE_CHECKING:
     from ..cluster.metadata_image import ImageDelta
+    from ..cluster.topic_plans import NewTopic
+    from .context import CoordinatorNode
     from .server import Broker
 
 log = logging.getLogger("oncelog.cluster")
@@ -132,6 +136,8 @@ class ClusterMode:
             raise ClusterStartError(f"cannot register with the coordination service: {exc}") from None
         store.on_state_change(self._on_store_state)
         self.image.subscribe(self._on_delta)
+        # The coordinators load the partitions of their internal topics this broker leads, and drop them.
+        follow_leadership(self.replicas, lambda: (self.broker.group_coordinator, self.broker.txn_coordinator))
         self.replicas.start(self.fetchers)
         self.controller = Controller(self.node_id, store, self.image, self.config)
         await self.controller.start()
@@ -273,30 +279,50 @@ class ClusterMode:
         """Wait until `condition()` holds on this broker's image, or `deadline` (loop time) passed."""
         return await self._wait(condition, deadline)
 
+    # -- the coordinators' internal topics ----------------------------------------------------------------------
+    def coordinator_node(self, topic: str, partition: int) -> CoordinatorNode | ErrorCode:
+        """The leader of internal `topic`-`partition` (FindCoordinator's answer); while the topic does not exist it
+        is created through the controller, once enough brokers are alive for its replication factor, and the
+        answer meanwhile is COORDINATOR_NOT_AVAILABLE, which clients retry."""
+        node = coordinator_leadership.coordinator_node(self.image, topic, partition)
+        if node is not None:
+            return node
+        spec = coordinator_leadership.internal_topic(self.config, topic)
+        if coordinator_leadership.creatable(self.image, spec):
+            self.create_in_background(spec)
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+
     # -- admin requests: the controller's business -----------------------------------------------------------
     def auto_create(self, name: str) -> None:
         """Metadata asked for a topic that does not exist (auto.create.topics.enable): have the controller create
         it with num.partitions and default.replication.factor, in the background. Kafka answers
         LEADER_NOT_AVAILABLE meanwhile and clients ask again."""
+        from ..cluster.topic_plans import NewTopic
+
+        self.create_in_background(NewTopic(name, self.config["num.partitions"],
+                                           self.config["default.replication.factor"]))
+
+    def create_in_background(self, spec: NewTopic) -> None:
+        """Have the controller create `spec` (once at a time per name); the outcome is logged."""
+        name = spec.name
         if name in self._creating or self.controller is None:
             return
         self._creating.add(name)
-        partitions, rf = self.config["num.partitions"], self.config["default.replication.factor"]
+        partitions, rf = spec.num_partitions, spec.replication_factor
 
         async def create() -> None:
-            from ..cluster.topic_plans import NewTopic
             from ..protocol import client_codecs as codecs
             from ..protocol.apis import ApiKey
 
             version = 7
             body = codecs.encode_request(ApiKey.CREATE_TOPICS, version, {
                 "topics": [{"name": name, "num_partitions": partitions, "replication_factor": rf,
-                            "assignments": [], "configs": []}],
+                            "assignments": [], "configs": [{"name": k, "value": v} for k, v in spec.configs.items()]}],
                 "timeout_ms": AUTO_CREATE_TIMEOUT_MS, "validate_only": False})
 
             async def run_here() -> dict[str, Any]:
                 assert self.controller is not None
-                results = await self.controller.create_topics([NewTopic(name, partitions, rf)])
+                results = await self.controller.create_topics([spec])
                 return {"topics": [{"name": name, "error_code": int(results[name].code),
                                     "error_message": results[name].message}]}
 
@@ -309,11 +335,13 @@ class ClusterMode:
                 else:
                     code, message = routed.decoded.topics[0].error_code, routed.decoded.topics[0].error_message
                 if code == ErrorCode.NONE:
-                    log.info("auto-created topic %s: %d partition(s), replication factor %d", name, partitions, rf)
+                    log.info("created topic %s on first use: %d partition(s), replication factor %d", name,
+                             partitions, rf)
                 elif code != ErrorCode.TOPIC_ALREADY_EXISTS:
-                    log.warning("auto-creating topic %s failed: %s %s", name, ErrorCode(code).name, message or "")
+                    log.warning("creating topic %s on first use failed: %s %s", name, ErrorCode(code).name,
+                                message or "")
             except ControllerUnavailable as exc:
-                log.warning("auto-creating topic %s failed: %s", name, exc)
+                log.warning("creating topic %s on first use failed: %s", name, exc)
             finally:
                 self._creating.discard(name)
 

@@ -5,8 +5,8 @@ that leaves the loop is fsync (the group-commit flusher's worker thread) and the
 Prometheus scrape thread.
 
 With `oncelog.coordination.connect` set the broker joins a cluster (`cluster_mode.ClusterMode`, imported only
-then: the single node never loads kazoo). Cluster mode has no transaction coordinator yet (its markers would have
-to reach partition leaders on other brokers); each broker keeps its own, unreplicated group coordinator.
+then: the single node never loads kazoo). In a cluster the group and transaction coordinators serve the
+partitions of their internal topics this broker leads (transaction markers reach only partitions led here so far).
 """
 
 from __future__ import annotations
@@ -128,16 +128,21 @@ class Broker:
     async def _start(self) -> None:
         loop = asyncio.get_running_loop()
         if self.cluster is not None:
+            # The coordinators own no partition yet: each loads those of its internal topic this broker comes to
+            # lead (cluster_mode follows the replica manager's roles) and its log is created on first need.
             self.logs.startup(cluster_id=await self.cluster.connect())
             self.cluster.wire()
+            self.txn_coordinator = TransactionCoordinator(self)
+            self.logs.set_verify_transaction(self.txn_coordinator.verify_partition)
+            self.group_coordinator = GroupCoordinator.for_broker(self)
         else:
             self.logs.startup()
             self.producer_ids.load()
             self.txn_coordinator = TransactionCoordinator(self)
             self.txn_coordinator.startup()
             self.logs.set_verify_transaction(self.txn_coordinator.verify_partition)
-        self.group_coordinator = GroupCoordinator.for_broker(self)
-        self.group_coordinator.startup()
+            self.group_coordinator = GroupCoordinator.for_broker(self)
+            self.group_coordinator.startup()
         self.flusher.start()
         if self.txn_coordinator is not None:
             self.txn_coordinator.start()
@@ -228,7 +233,10 @@ class Broker:
 
     # -- coordinators -------------------------------------------------------------------------------
     def coordinator_node(self, topic: str, partition: int) -> CoordinatorNode | ErrorCode:
-        """FindCoordinator: who coordinates the keys of internal `topic`-`partition`. The single node: itself."""
+        """FindCoordinator: who coordinates the keys of internal `topic`-`partition`. The single node: itself; a
+        cluster: that partition's leader (the topic created through the controller on first need)."""
+        if self.cluster is not None:
+            return self.cluster.coordinator_node(topic, partition)
         host, port = self.advertised
         return CoordinatorNode(self.node_id, host, port)
 

@@ -119,15 +119,19 @@ async def handle_create_topics(broker: BrokerServices, ctx: RequestContext, body
 
 
 async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview, req: Any) -> bytes:
+    from ...cluster.inter_broker import is_forwarded
     from ...cluster.topic_plans import NewTopic
+    from ..coordinator_leadership import INTERNAL_TOPICS
 
     cluster = broker.cluster
     too_many = sum(max(_requested_partitions(broker, item), 0) for item in req.topics) > MAX_PARTITIONS_PER_REQUEST
 
+    internal_ok = is_forwarded(ctx.client_id)  # a broker creating an internal topic on first need
+
     def refused(item: Any) -> tuple[int, str] | None:
         if too_many:
             return ErrorCode.POLICY_VIOLATION, _TOO_MANY
-        if item.name.startswith("__"):
+        if item.name.startswith("__") and not (internal_ok and item.name in INTERNAL_TOPICS):
             return ErrorCode.INVALID_TOPIC_EXCEPTION, "Names starting with '__' are reserved for internal topics"
         return None
 
