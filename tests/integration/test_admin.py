@@ -49,7 +49,7 @@ DEFAULTS = {
     "message.timestamp.after.max.ms": "9223372036854775807", "retention.ms": "604800000",
     "retention.bytes": "-1", "segment.bytes": "1073741824", "segment.ms": "604800000",
     "segment.index.bytes": "10485760", "index.interval.bytes": "4096", "min.insync.replicas": "1",
-    "file.delete.delay.ms": "60000",
+    "file.delete.delay.ms": "60000", "unclean.leader.election.enable": "false",
 }
 
 
