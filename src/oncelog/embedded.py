@@ -128,7 +128,8 @@ class ClusterProcess:
     `broker-<id>-broker.log` (its log). `settings` go to every broker (Kafka's key names, e.g.
     `oncelog.coordination.session.timeout.ms`); `broker_settings` {node id: settings} to one. Brokers keep their
     ports across restarts; `bootstrap` lists them all. With `connect` (a running coordination service's connect
-    string, chroot included) no coordination service of its own is started or stopped.
+    string, chroot included) no coordination service of its own is started or stopped. A broker whose
+    `broker_settings` name its own `oncelog.coordination.connect` keeps it (a test relays one through a proxy).
     """
 
     def __init__(self, directory: str | Path, n: int = 3, settings: Mapping[str, object] | None = None, *,
@@ -177,7 +178,7 @@ class ClusterProcess:
                 self.coordination.start()
             launched = []
             for broker in self.brokers.values():
-                broker.settings["oncelog.coordination.connect"] = self.connect
+                broker.settings.setdefault("oncelog.coordination.connect", self.connect)
                 if not broker.alive():
                     broker.launch()
                     launched.append(broker)
@@ -191,7 +192,7 @@ class ClusterProcess:
 
     def start_broker(self, node_id: int, timeout: float = 60.0) -> BrokerProcess:
         broker = self.brokers[node_id]
-        broker.settings["oncelog.coordination.connect"] = self.connect
+        broker.settings.setdefault("oncelog.coordination.connect", self.connect)
         return broker.start(timeout)
 
     def stop_broker(self, node_id: int, timeout: float = 60.0) -> int:
