@@ -209,8 +209,9 @@ class ClusterMode:
             except (ControllerUnavailable, StoreUnavailable) as exc:
                 code, remaining = ErrorCode.REQUEST_TIMED_OUT, [f"({exc})"]
             if code == ErrorCode.NONE:
-                await self._wait(lambda: not any(s.leader == self.node_id for s in self.image.states.values()),
-                                 deadline)
+                kept = {tuple(k) for k in remaining if isinstance(k, (tuple, list))}
+                await self._wait(lambda kept=kept: not any(s.leader == self.node_id and k not in kept
+                                                           for k, s in self.image.states.items()), deadline)
                 if not remaining:
                     log.info("controlled shutdown done in %.1f s: no leadership left here",
                              loop.time() - started)
