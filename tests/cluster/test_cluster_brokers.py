@@ -280,3 +280,16 @@ def test_consumer_group_offsets_live_on_the_replicated_offsets_topic(cluster):
     committed = reader.committed([ConfluentPartition("grouped", 0), ConfluentPartition("grouped", 1)], timeout=30)
     assert [tp.offset for tp in committed] == [10, 10]
     reader.close()
+
+
+def test_auto_created_topics_take_the_default_replication_factor(cluster):
+    c = cluster(**{"default.replication.factor": 2, "num.partitions": 3})
+    producer = Producer({"bootstrap.servers": c.bootstrap, "acks": "all", "enable.idempotence": True})
+    delivered: list[int] = []
+    for i in range(6):
+        producer.produce("auto-made", value=b"%d" % i,
+                         on_delivery=lambda err, msg: delivered.append(err is None and msg.offset()))
+    assert producer.flush(converge_s()) == 0
+    assert len(delivered) == 6 and all(d is not False for d in delivered)
+    parts = partitions(c, "auto-made")
+    assert sorted(parts) == [0, 1, 2] and all(len(p.replica_nodes) == 2 for p in parts.values())
