@@ -23,6 +23,7 @@ from kafka.protocol.admin import (
     CreateTopicsRequest,
     DeleteTopicsRequest,
     DescribeConfigsRequest,
+    DescribeLogDirsRequest,
     IncrementalAlterConfigsRequest,
 )
 from kafka.structs import TopicPartition
@@ -111,6 +112,16 @@ def test_create_topics_spreads_leaders_and_checks_the_replication_factor(cluster
     assert partitions(c, "dry") == {}
     placed = partitions(c, "placed")
     assert [(p.leader_id, p.replica_nodes) for _, p in sorted(placed.items())] == [(2, [2, 3]), (3, [3, 1])]
+    # DescribeLogDirs lists every replica a broker holds, followers included, and nothing else.
+    d = DescribeLogDirsRequest[4]
+
+    def replicas_on(node: int) -> list[int]:
+        wait_for(lambda: all((c.brokers[node].data_dir / f"placed-{p}").exists()
+                             for p, s in placed.items() if node in s.replica_nodes), "the replicas to open", 30)
+        result = request(c, node, d(topics=None), 4).results[0]
+        return sorted(p.partition_index for t in result.topics if t.name == "placed" for p in t.partitions)
+
+    assert [replicas_on(n) for n in (1, 2, 3)] == [[1], [0], [0, 1]]
 
 
 def test_a_broker_with_a_live_node_id_refuses_to_start(cluster, tmp_path):
