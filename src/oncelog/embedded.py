@@ -236,7 +236,7 @@ class ClusterProcess:
     def metadata(self, via: int | None = None, topics: list[str] | None = None, timeout: float = 10.0) -> Any:
         """A Metadata (v12) response from broker `via` (default: the first live one), as kafka-python's object."""
         node = via if via is not None else self.alive()[0]
-        return asyncio.run(_metadata(self.brokers[node].port, topics, timeout))
+        return broker_metadata(self.brokers[node].port, topics, timeout)
 
     def controller(self, via: int | None = None) -> int:
         return self.metadata(via, []).controller_id
@@ -260,6 +260,12 @@ class ClusterProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def broker_metadata(port: int, topics: list[str] | None = None, timeout: float = 10.0) -> Any:
+    """A Metadata (v12) request to the broker on 127.0.0.1:`port` (`topics` None: every topic; [] none); the
+    response as kafka-python's object (`brokers`, `controller_id`, `topics`...)."""
+    return asyncio.run(_metadata(port, topics, timeout))
 
 
 async def _metadata(port: int, topics: list[str] | None, timeout: float) -> Any:

@@ -28,7 +28,7 @@ from kafka.protocol.admin import (
 )
 from kafka.structs import TopicPartition
 
-from oncelog.embedded import BrokerProcess, ClusterProcess
+from oncelog.embedded import BrokerProcess, ClusterProcess, broker_metadata
 from tests.cluster.cluster_processes import (
     SESSION_MS,
     SETTINGS,
@@ -40,7 +40,7 @@ from tests.cluster.cluster_processes import (
     wait_for,
 )
 
-NONE, NOT_ENOUGH_REPLICAS, INVALID_REPLICATION_FACTOR, UNKNOWN_TOPIC = 0, 19, 38, 3
+NONE, NOT_ENOUGH_REPLICAS, INVALID_REPLICATION_FACTOR, UNKNOWN_TOPIC, LEADER_NOT_AVAILABLE = 0, 19, 38, 3, 5
 ELECTION_NOT_NEEDED = 84
 
 
@@ -206,15 +206,23 @@ def test_min_insync_replicas_refuses_acks_all_and_recovers(cluster):
     state = partitions(c, "strict")[0]
     leader = state.leader_id
     follower = next(r for r in state.replica_nodes if r != leader)
+    create(c, NewTopic("lonely", num_partitions=1, replica_assignment=[[follower]]))
     assert produce(c, leader, "strict", 0, [b"all three"]) == (NONE, 0)
     c.kill(follower)
     wait_for(lambda: follower not in partitions(c, "strict", via=leader)[0].isr_nodes,
              "the dead follower to leave the ISR")
+    # Metadata names the dead replica offline; a partition whose only replica died has no leader.
+    assert partitions(c, "strict", via=leader)[0].offline_replicas == [follower]
+    lonely = wait_for(lambda: (p := partitions(c, "lonely", via=leader)[0]).leader_id == -1 and p,
+                      "the lonely partition to go offline")
+    assert (lonely.error_code, lonely.offline_replicas, lonely.isr_nodes) == (LEADER_NOT_AVAILABLE, [follower],
+                                                                             [follower])
     assert produce(c, leader, "strict", 0, [b"refused"])[0] == NOT_ENOUGH_REPLICAS
     assert produce(c, leader, "strict", 0, [b"acks=1 still goes"], acks=1) == (NONE, 1)
     c.start_broker(follower, timeout=converge_s())
     wait_for(lambda: sorted(partitions(c, "strict", via=leader)[0].isr_nodes) == [1, 2, 3],
              "the follower back in the ISR")
+    assert partitions(c, "lonely", via=leader)[0].leader_id == follower  # back online with its last ISR member
     assert produce(c, leader, "strict", 0, [b"all three again"]) == (NONE, 2)
 
 
@@ -304,3 +312,29 @@ def test_auto_created_topics_take_the_default_replication_factor(cluster):
     assert len(delivered) == 6 and all(d is not False for d in delivered)
     parts = partitions(c, "auto-made")
     assert sorted(parts) == [0, 1, 2] and all(len(p.replica_nodes) == 2 for p in parts.values())
+
+
+def test_a_broker_waits_for_an_unreachable_coordination_service_then_gives_up_or_joins(coordination_factory,
+                                                                                      tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    connect = f"127.0.0.1:{port}/late"
+    # Given up after oncelog.coordination.connection.timeout.ms: exit 1 with the reason.
+    quitter = BrokerProcess(tmp_path / "quitter", {**SETTINGS, "node.id": 1, "oncelog.coordination.connect": connect,
+                                                    "oncelog.coordination.connection.timeout.ms": 2000})
+    with pytest.raises(RuntimeError, match=r"exited during startup \(code 1\)"):
+        quitter.start(timeout=converge_s())
+    assert "cannot start: coordination service unreachable" in quitter.log_tail()
+    # Retried (and logged) while unreachable; it joins once the service is there.
+    waiter = BrokerProcess(tmp_path / "waiter", {**SETTINGS, "node.id": 1, "oncelog.coordination.connect": connect})
+    waiter.launch()
+    try:
+        wait_for(lambda: "unreachable" in waiter.log_tail(), "the broker to report the service unreachable")
+        coordination_factory(port=port)
+        waiter.wait_ready(converge_s())
+        assert [b.node_id for b in broker_metadata(waiter.port, []).brokers] == [1]
+    finally:
+        waiter.kill()
