@@ -64,6 +64,8 @@ bench: setup
 # Fault runs (tests/faults): RUNS runs, first every workload under all nemeses mixed, then each nemesis alone,
 # each with every client of CLIENTS in turn (confluent-kafka and oncelog's own);
 # prints the anomaly table and writes JSON to FAULTS_OUT (a directory or a .json path). Zero anomalies or exit 1.
+# CLUSTER=1: three brokers on a 3-member ZooKeeper ensemble (needs make coordination-setup), the idempotent and
+# consumer-group workloads, broker/controller/ZooKeeper kills, pauses past the session and inter-broker cuts.
 RUNS ?= 3
 SEED ?= 1
 FAULT_SECONDS ?= 30
@@ -79,9 +81,9 @@ ATHERIS_SECONDS ?= 120
 
 .PHONY: faults fuzz
 
-faults: setup
+faults: setup $(if $(CLUSTER),coordination-setup)
 	$(PY) -m tests.faults.runner --runs $(RUNS) --seed $(SEED) --seconds $(FAULT_SECONDS) \
-		--clients $(CLIENTS) --out $(FAULTS_OUT) $(if $(FAULTS_KEEP),--keep $(FAULTS_KEEP))
+		--clients $(CLIENTS) --out $(FAULTS_OUT) $(if $(FAULTS_KEEP),--keep $(FAULTS_KEEP)) $(if $(CLUSTER),--cluster)
 
 fuzz: setup
 	FUZZ_RANDOM=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_E2E_EXAMPLES=$(FUZZ_E2E_EXAMPLES) FUZZ_SECONDS=$(FUZZ_SECONDS) \

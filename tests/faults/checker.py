@@ -13,18 +13,24 @@ Vocabulary as in Jepsen's Kafka analyses. Definitions, for a topic whose records
 - phantom: a value read that no worker ever tried to write.
 - hanging transaction: a partition's last stable offset stayed below its high watermark, unchanged, for longer than
   the transaction timeout plus a margin; or was still below it after the run healed.
+Consumer groups (members log `assign` at each assignment, `read`s tagged with their group and session, and
+`commit`s of the offsets after what they read):
+- lost commit: a member's session starts reading a partition below an offset whose commit by the group was
+  acknowledged before that assignment (the coordinator forgot an acknowledged OffsetCommit).
+- group skip: an offset below the group's final committed offset that no member of the group ever read (members
+  commit only what they read, so the group skipped records: at-least-once broken).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 ANOMALIES = (
     "lost_writes", "duplicates", "aborted_reads", "uncommitted_reads", "reordering", "nonmonotonic_polls",
-    "inconsistent_offsets", "phantoms", "hanging_transactions",
+    "inconsistent_offsets", "phantoms", "hanging_transactions", "lost_commits", "group_skips",
 )
 
 
@@ -49,11 +55,13 @@ class Report:
 
 
 def check(events: Iterable[dict[str, Any]], final: FinalRead, *, txn_timeout_s: float = 60.0,
-          margin_s: float = 10.0, expected: Iterable[str] = (), possible: Iterable[str] = ()) -> Report:
+          margin_s: float = 10.0, expected: Iterable[str] = (), possible: Iterable[str] = (),
+          group_committed: Mapping[str, Mapping[int, int]] | None = None) -> Report:
     """Check one topic. `expected`: values that must be in the final read_committed scan whatever the histories
     say (an exactly-once copy's output for every acknowledged input). `possible`: values that may be there
     without a writer in the histories (a copy of an input whose send was never answered: its producer was
-    killed after the broker wrote it), so they are no phantoms."""
+    killed after the broker wrote it), so they are no phantoms. `group_committed`: {group: {partition: its
+    committed offset after the run}} of the consumer groups that read the topic."""
     events = sorted(events, key=lambda e: e["t"])
     found: dict[str, list[Any]] = {name: [] for name in ANOMALIES}
 
@@ -222,5 +230,52 @@ def check(events: Iterable[dict[str, Any]], final: FinalRead, *, txn_timeout_s: 
         if not caught_up:
             found["hanging_transactions"].append({"p": partition, "final": "LSO below the high watermark"})
 
+    for group, committed in (group_committed or {}).items():
+        found["lost_commits"].extend(_lost_commits(events, group))
+        found["group_skips"].extend(_group_skips(events, group, committed, final))
+        counts["group_commits"] += sum(1 for e in events if e["op"] == "commit" and e.get("group") == group
+                                       and e["phase"] == "ok")
+
     counts["final_committed_records"] = sum(len(r) for r in final.committed.values())
     return Report(found, dict(counts))
+
+
+def _lost_commits(events: list[dict[str, Any]], group: str) -> list[dict[str, Any]]:
+    """Sessions of `group` that started reading a partition below a commit acknowledged before they began."""
+    acked: dict[int, list[tuple[float, int]]] = defaultdict(list)  # partition -> (ack time, offset)
+    starts: dict[tuple[str, int], float] = {}  # (session, partition) -> when the assignment began
+    first_read: dict[tuple[str, int], dict[str, Any]] = {}
+    for e in events:
+        if e.get("group") != group:
+            continue
+        if e["op"] == "commit" and e["phase"] == "ok":
+            for partition, offset in e["offsets"]:
+                acked[partition].append((e["t"], offset))
+        elif e["op"] == "assign":
+            for partition in e["partitions"]:
+                starts[(e["session"], partition)] = e["t"]
+        elif e["op"] == "read":
+            first_read.setdefault((e["session"], e["p"]), e)
+    found = []
+    for (session, partition), began in starts.items():
+        read = first_read.get((session, partition))
+        if read is None:
+            continue
+        before = [offset for t, offset in acked[partition] if t < began]
+        if before and read["offset"] < max(before):
+            found.append({"session": session, "p": partition, "first_read": read["offset"],
+                          "acknowledged_commit": max(before)})
+    return found
+
+
+def _group_skips(events: list[dict[str, Any]], group: str, committed: Mapping[int, int],
+                 final: FinalRead) -> list[dict[str, Any]]:
+    """Records below the group's final committed offset that no member read."""
+    read = {(e["p"], e["offset"]) for e in events if e["op"] == "read" and e.get("group") == group}
+    found = []
+    for partition, records in final.committed.items():
+        end = committed.get(partition, -1)
+        for offset, value in records:
+            if offset < end and (partition, offset) not in read:
+                found.append({"p": partition, "offset": offset, "v": value, "committed": end})
+    return found

@@ -1,12 +1,14 @@
 """Fault runs: a real broker behind a misbehaving proxy, workload processes, a nemesis, then the checker.
 
-`python -m tests.faults.runner --runs N --seed S --seconds T [--workloads ...] [--nemeses ...]` prints a table
-(runs, faults, operations, every anomaly count) and writes JSON. One run = one workload under one nemesis mix:
-1. start a broker (fresh data dir) that advertises the proxy's address, and the proxy;
+`python -m tests.faults.runner --runs N --seed S --seconds T [--workloads ...] [--nemeses ...] [--cluster]`
+prints a table (runs, faults, operations, every anomaly count) and writes JSON. One run = one workload under one
+nemesis mix:
+1. start a broker (fresh data dir) that advertises the proxy's address, and the proxy (with `--cluster`: a
+   ZooKeeper ensemble and three brokers, each behind its own proxy; tests/faults/cluster.py);
 2. start the workload's worker processes (they stop by themselves after T seconds);
 3. the nemesis injects faults at random (seeded) moments until T, then heals everything;
 4. wait for the workers, wait for every last stable offset to reach its high watermark, read every partition
-   from the start (read_committed and read_uncommitted, straight to the broker), and check.
+   from the start (read_committed and read_uncommitted), and check.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic, OffsetSpec
 
@@ -92,6 +95,14 @@ def _workers_copy(client: str) -> list[Worker]:
             Worker("lso-monitor", "copy-lso", ["--topic", "copy-out", "--interval", "0.5"])]
 
 
+def _workers_consumer(client: str) -> list[Worker]:
+    """Two idempotent producers and three members of one consumer group, committing what they read."""
+    return [Worker("producer", "grp-a", ["--topic", "grp", "--rate", "200", "--client", client]),
+            Worker("producer", "grp-b", ["--topic", "grp", "--rate", "200", "--client", client]),
+            *[Worker("group-consumer", f"member-{i}", ["--topic", "grp", "--group", GROUP, "--client", client])
+              for i in (1, 2, 3)]]
+
+
 def _workers_spark(client: str) -> list[Worker]:
     """The input producer uses `client`; the pipeline uses oncelog's Spark source and sink whatever it is."""
     return [Worker("producer", "src", ["--topic", "spark-in", "--rate", "200", "--client", client]),
@@ -104,12 +115,22 @@ WORKLOADS: dict[str, tuple[Callable[[str], list[Worker]], list[str]]] = {
     "transactions": (_workers_transactions, ["txn"]),
     "eos-copy": (_workers_copy, ["copy-in", "copy-out"]),
     "spark": (_workers_spark, ["spark-in", "spark-out"]),
+    "consumer": (_workers_consumer, ["grp"]),
 }
+# What `make faults` runs by default on the single node (every workload works there; `consumer` is the
+# cluster's, where the group coordinator moves with the leadership of __consumer_offsets).
+SINGLE_NODE_WORKLOADS = ("idempotent", "transactions", "eos-copy", "spark")
+GROUP = "fault-group"  # the consumer workload's group
 COPY_OUTPUTS = ("copy-out", "spark-out")  # topics that must hold `copy:` + every value the `src` producer acked
 CLIENTS = ("confluent", "oncelog")  # confluent-kafka (librdkafka) and oncelog's own client
 # The order decides the first round of single-nemesis runs (see `plan`): client-kill meets the spark workload.
 NEMESES = ("broker-kill", "broker-pause", "fsync-fail", "client-kill", "proxy-delay", "proxy-blackhole",
            "proxy-lose-responses", "proxy-cut", "disk-full")
+# Cluster mode (--cluster, tests/faults/cluster.py): the default workloads (issue 15's; --workloads may name any
+# other) and the nemeses of a cluster (which broker each one strikes is chosen per fault, see cluster.py).
+CLUSTER_WORKLOADS = ("idempotent", "consumer")
+CLUSTER_NEMESES = ("broker-kill", "broker-pause", "inter-broker-cut", "inter-broker-delay", "coordination-kill",
+                   "controller-kill", "client-kill")
 DISK_MB = 256  # the size-limited data directory of runs with the disk-full nemesis
 # A Spark driver needs 10-30 s (2 busy cores) before its first micro-batch. Spark runs give their workers this
 # much more time and start the nemesis once the pipeline runs, so its faults strike a running pipeline.
@@ -160,6 +181,9 @@ class Run:
         for name, future in admin.create_topics([NewTopic(t, PARTITIONS, 1) for t in topics]).items():
             future.result(30)
             del name
+        self.spawn_workers()
+
+    def spawn_workers(self) -> None:
         factory = WORKLOADS[self.workload][0]
         self.workers = factory(self.client)
         self.spawned_at = time.monotonic()
@@ -181,7 +205,7 @@ class Run:
 
     def _spawn(self, w: Worker) -> None:
         name = self._incarnation(w)
-        cmd = [sys.executable, "-m", "tests.faults.workers", w.kind, "--bootstrap", self.proxy.address,
+        cmd = [sys.executable, "-m", "tests.faults.workers", w.kind, "--bootstrap", self.client_bootstrap,
                "--history", str(self.history), "--name", name, "--partitions", str(PARTITIONS),
                "--seconds", str(self.remaining()), "--seed", str(self.rng.randrange(1 << 30)),
                "--txn-timeout-ms", str(TXN_TIMEOUT_MS), *w.args]
@@ -189,6 +213,18 @@ class Run:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         w.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
+
+    @property
+    def client_bootstrap(self) -> str:
+        """What the workers bootstrap from: the proxy."""
+        assert self.proxy is not None
+        return self.proxy.address
+
+    @property
+    def read_bootstrap(self) -> str:
+        """What the final read uses: straight to the broker."""
+        assert self.broker is not None
+        return self.broker.bootstrap
 
     def remaining(self) -> float:
         if self.deadline is None:
@@ -216,6 +252,10 @@ class Run:
             self.nemesis_log.log("fault", kind=fault, phase="stop")
             self.revive_hung()
             time.sleep(self.rng.uniform(1.0, 3.0))
+        self.heal()
+
+    def heal(self) -> None:
+        """After the last fault (each fault heals itself on the single node)."""
 
     def revive_hung(self) -> None:
         """Restart workers whose watchdog ended them (a client call that never returned)."""
@@ -260,16 +300,7 @@ class Run:
                 self.broker.start()
             self.proxy.upstream_port = self.broker.port
         elif fault == "client-kill":
-            victims = [w for w in self.workers if w.kind in ("producer", "txn-producer", "copier", "spark-copy")
-                       and w.proc is not None and w.proc.poll() is None and self._past_start_up(w)]
-            if victims:
-                w = self.rng.choice(victims)
-                self.nemesis_log.log("fault", kind=fault, phase="victim", victim=self._incarnation(w))
-                self.kills.append(w.name)
-                w.proc.kill()
-                w.proc.wait()
-                w.restarts += 1
-                self._spawn(w)
+            self.kill_client()
         elif fault.startswith("proxy-"):
             mode = fault[len("proxy-"):].replace("-", "_")
             if mode == "cut":
@@ -283,9 +314,22 @@ class Run:
                 if mode == "blackhole":
                     self.proxy.cut()  # stalled connections would otherwise wait for their client timeouts
 
+    def kill_client(self) -> None:
+        """SIGKILL one client process that writes (or a group member) and start it again."""
+        victims = [w for w in self.workers
+                   if w.kind in ("producer", "txn-producer", "copier", "spark-copy", "group-consumer")
+                   and w.proc is not None and w.proc.poll() is None and self._past_start_up(w)]
+        if victims:
+            w = self.rng.choice(victims)
+            self.nemesis_log.log("fault", kind="client-kill", phase="victim", victim=self._incarnation(w))
+            self.kills.append(w.name)
+            w.proc.kill()
+            w.proc.wait()
+            w.restarts += 1
+            self._spawn(w)
+
     # -- the end ----------------------------------------------------------------------------------------------
     def finish(self) -> dict[str, Report]:
-        assert self.broker is not None
         end = time.monotonic() + self.seconds + 300
         while any(w.proc is not None and w.proc.poll() is None for w in self.workers) and time.monotonic() < end:
             time.sleep(0.5)
@@ -310,14 +354,26 @@ class Run:
             final = self.final_read(topic)
             mine = [e for e in events if _topic_of(e, self.workers) in (topic, None)]
             copy = topic in COPY_OUTPUTS
+            groups = {w.args[w.args.index("--group") + 1] for w in self.workers
+                      if w.kind == "group-consumer" and _topic_of({"w": w.name}, self.workers) == topic}
             reports[topic] = check(mine, final, txn_timeout_s=TXN_TIMEOUT_MS / 1000, margin_s=10,
                                    expected={"copy:" + v for v in input_acked} if copy else set(),
-                                   possible={"copy:" + v for v in input_tried} if copy else set())
+                                   possible={"copy:" + v for v in input_tried} if copy else set(),
+                                   group_committed={g: self.group_offsets(g, topic) for g in sorted(groups)})
         return reports
 
+    def group_offsets(self, group: str, topic: str) -> dict[int, int]:
+        """The group's committed offset of each partition of `topic` after the run (-1: none)."""
+        consumer = CKConsumer({"bootstrap.servers": self.read_bootstrap, "group.id": group,
+                               "enable.auto.commit": False})
+        try:
+            found = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], 30)
+        finally:
+            consumer.close()
+        return {tp.partition: tp.offset for tp in found}
+
     def final_read(self, topic: str) -> FinalRead:
-        assert self.broker is not None
-        bootstrap = self.broker.bootstrap
+        bootstrap = self.read_bootstrap
         admin = AdminClient({"bootstrap.servers": bootstrap})
         tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
         deadline = time.monotonic() + TXN_TIMEOUT_MS / 1000 + HEAL_MARGIN_S
@@ -367,10 +423,16 @@ def _topic_of(event: dict[str, Any], workers: list[Worker]) -> str | None:
     return None
 
 
-def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client: str, keep: Path | None) -> RunResult:
+def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client: str, keep: Path | None,
+            cluster: bool = False) -> RunResult:
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="oncelog-faults-") as tmp:
-        run = Run(workload, nemeses, seed, seconds, client, Path(tmp))
+        if cluster:
+            from tests.faults.cluster import ClusterRun
+
+            run: Run = ClusterRun(workload, nemeses, seed, seconds, client, Path(tmp))
+        else:
+            run = Run(workload, nemeses, seed, seconds, client, Path(tmp))
         try:
             run.start()
             run.run_nemesis()
@@ -378,10 +440,10 @@ def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client
         finally:
             run.stop()
             if keep is not None:
-                dest = keep / f"{workload}-{client}-{seed}"
+                dest = keep / f"{'cluster-' if cluster else ''}{workload}-{client}-{seed}"
                 subprocess.run(["cp", "-r", tmp, str(dest)], check=False)
         operations = sum(1 for e in read_events(run.history) if e.get("phase") in ("invoke", None)
-                         and e["op"] in ("send", "read", "delete"))
+                         and e["op"] in ("send", "read", "delete", "commit"))
     return RunResult(workload, nemeses, seed, client, reports, run.faults, operations, time.monotonic() - started,
                      len(run.hung) + len(run.stuck), dict(Counter(run.kills)))
 
@@ -407,7 +469,8 @@ def summarize(results: list[RunResult], all_nemeses: list[str] | None = None) ->
 def print_table(summary: dict[str, Any]) -> None:
     short = {"lost_writes": "lost", "duplicates": "dup", "aborted_reads": "G1a", "uncommitted_reads": "uncommit",
              "reordering": "reorder", "nonmonotonic_polls": "nonmono", "inconsistent_offsets": "inconsist",
-             "phantoms": "phantom", "hanging_transactions": "hanging"}
+             "phantoms": "phantom", "hanging_transactions": "hanging", "lost_commits": "lostcmt",
+             "group_skips": "grpskip"}
     head = (f"{'workload':<14}{'client':<10}{'nemesis':<22}{'seed':>6}{'faults':>8}{'ops':>8}{'kills':>7}{'restarts':>10}"
             + "".join(f"{short[n]:>10}" for n in ANOMALIES))
     print(head)
@@ -444,11 +507,11 @@ def _nemesis_label(run_nemeses: list[str], all_nemeses: list[str]) -> str:
     return "mix" if len(run_nemeses) > 1 and run_nemeses == list(all_nemeses) else "+".join(run_nemeses)
 
 
-def usable_nemeses(nemeses: list[str]) -> list[str]:
+def usable_nemeses(nemeses: list[str], known: Sequence[str] = NEMESES) -> list[str]:
     """The nemeses this machine can run: disk-full needs a size-limited tmpfs (root and mount)."""
-    unknown = sorted(set(nemeses) - set(NEMESES))
+    unknown = sorted(set(nemeses) - set(known))
     if unknown:
-        raise SystemExit(f"unknown nemeses {unknown}; known: {', '.join(NEMESES)}")
+        raise SystemExit(f"unknown nemeses {unknown}; known: {', '.join(known)}")
     if "disk-full" in nemeses:
         with tempfile.TemporaryDirectory(prefix="oncelog-disk-") as tmp:
             try:
@@ -457,6 +520,17 @@ def usable_nemeses(nemeses: list[str]) -> list[str]:
                 print(f"skipping the disk-full nemesis: {exc}", flush=True)
                 nemeses = [n for n in nemeses if n != "disk-full"]
     return nemeses
+
+
+def cluster_runtime() -> None:
+    """Cluster runs need java and ZooKeeper's jars (`make coordination-setup`); exit with the reason if not."""
+    from oncelog.cluster.zookeeper_jars import CoordinationUnavailable, java_executable, zookeeper_classpath
+
+    try:
+        java_executable()
+        zookeeper_classpath()
+    except CoordinationUnavailable as exc:
+        raise SystemExit(f"cluster runs need ZooKeeper: {exc}") from None
 
 
 def usable_workloads(workloads: list[str]) -> list[str]:
@@ -479,25 +553,32 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=30)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
-    parser.add_argument("--nemeses", default=",".join(NEMESES))
+    parser.add_argument("--workloads", help=f"default: {','.join(SINGLE_NODE_WORKLOADS)}; with --cluster "
+                                            f"{','.join(CLUSTER_WORKLOADS)}")
+    parser.add_argument("--nemeses", help=f"default: {','.join(NEMESES)}; with --cluster {','.join(CLUSTER_NEMESES)}")
+    parser.add_argument("--cluster", action="store_true",
+                        help="three brokers (RF 3, min.insync.replicas 2) on a 3-member ZooKeeper ensemble")
     parser.add_argument("--clients", default=",".join(CLIENTS),
                         help="comma-separated clients the workers use (confluent, oncelog); runs alternate them")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"),
                         help="directory for faults-<time>.json, or a path ending in .json")
     parser.add_argument("--keep", help="copy each run's histories and logs into this directory")
     args = parser.parse_args(argv)
-    workloads = usable_workloads(args.workloads.split(","))
+    if args.cluster:
+        cluster_runtime()
+    default_workloads = CLUSTER_WORKLOADS if args.cluster else SINGLE_NODE_WORKLOADS
+    workloads = usable_workloads((args.workloads or ",".join(default_workloads)).split(","))
     clients = args.clients.split(",")
     if unknown := sorted(set(clients) - set(CLIENTS)):
         raise SystemExit(f"unknown clients {unknown}; known: {', '.join(CLIENTS)}")
-    nemeses = usable_nemeses(args.nemeses.split(","))
+    known = CLUSTER_NEMESES if args.cluster else NEMESES
+    nemeses = usable_nemeses((args.nemeses or ",".join(known)).split(","), known)
     keep = Path(args.keep) if args.keep else None
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
     results = []
     for i, (workload, run_nemeses, client) in enumerate(plan(args.runs, workloads, nemeses, clients)):
-        result = one_run(workload, run_nemeses, args.seed + i, args.seconds, client, keep)
+        result = one_run(workload, run_nemeses, args.seed + i, args.seconds, client, keep, cluster=args.cluster)
         results.append(result)
         print(f"run {i + 1}/{args.runs}: {workload} ({client}) under {_nemesis_label(run_nemeses, nemeses)} seed "
               f"{args.seed + i}: {result.faults} faults, {result.operations} ops, {result.seconds:.0f} s", flush=True)

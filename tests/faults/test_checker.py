@@ -157,7 +157,7 @@ def test_hanging_transaction(stuck_for, expect):
 
 def test_every_anomaly_has_a_test():
     tested = {"lost_writes", "duplicates", "aborted_reads", "uncommitted_reads", "reordering",
-              "nonmonotonic_polls", "inconsistent_offsets", "phantoms", "hanging_transactions"}
+              "nonmonotonic_polls", "inconsistent_offsets", "phantoms", "hanging_transactions", "lost_commits", "group_skips"}
     assert tested == set(ANOMALIES)
 
 
@@ -204,3 +204,72 @@ def test_acknowledged_without_an_offset():
         if e["op"] == "send" and e["v"] == "a:1" and e["phase"] == "ok":
             e["offset"] = -1
     assert check(events, final).ok
+
+
+# -- consumer groups ------------------------------------------------------------------------------------------
+
+def group_history():
+    """Member m1 reads offsets 0-1 of partition 0 and commits 2; m2 takes the partition over, starts at 2."""
+    events = [
+        send("a", f"a:{i}", 0, i, "invoke", t=0.1 + i / 10) for i in range(4)
+    ] + [send("a", f"a:{i}", 0, i, "ok", i, t=0.15 + i / 10) for i in range(4)] + [
+        {"op": "assign", "w": "m1", "group": "g", "session": "m1/1", "partitions": [0], "t": 1.0},
+        read("m1", "a:0", 0, 0, session="m1/1", t=1.1) | {"group": "g"},
+        read("m1", "a:1", 0, 1, session="m1/1", t=1.2) | {"group": "g"},
+        {"op": "commit", "phase": "ok", "w": "m1", "group": "g", "session": "m1/1", "offsets": [[0, 2]], "t": 1.3},
+        {"op": "assign", "w": "m2", "group": "g", "session": "m2/1", "partitions": [0], "t": 2.0},
+        read("m2", "a:2", 0, 2, session="m2/1", t=2.1) | {"group": "g"},
+        read("m2", "a:3", 0, 3, session="m2/1", t=2.2) | {"group": "g"},
+        {"op": "commit", "phase": "ok", "w": "m2", "group": "g", "session": "m2/1", "offsets": [[0, 4]], "t": 2.3},
+    ]
+    final = FinalRead(committed={0: [(i, f"a:{i}") for i in range(4)]},
+                      uncommitted={0: [(i, f"a:{i}") for i in range(4)]}, log_start={0: 0}, lso_caught_up={0: True})
+    return events, final
+
+
+def test_a_group_that_read_everything_it_committed_has_no_anomaly():
+    events, final = group_history()
+    report = check(events, final, group_committed={"g": {0: 4}})
+    assert report.ok, report.anomalies
+    assert report.counts["group_commits"] == 2
+
+
+def test_a_session_starting_below_an_acknowledged_commit_is_a_lost_commit():
+    events, final = group_history()
+    events = [e for e in events if e.get("w") != "m2"] + [
+        {"op": "assign", "w": "m2", "group": "g", "session": "m2/1", "partitions": [0], "t": 2.0},
+        read("m2", "a:1", 0, 1, session="m2/1", t=2.1) | {"group": "g"},  # the commit of 2 was forgotten
+        read("m2", "a:2", 0, 2, session="m2/1", t=2.2) | {"group": "g"},
+        read("m2", "a:3", 0, 3, session="m2/1", t=2.3) | {"group": "g"},
+    ]
+    report = check(events, final, group_committed={"g": {0: 4}})
+    only(report, "lost_commits")
+    assert report.anomalies["lost_commits"] == [{"session": "m2/1", "p": 0, "first_read": 1,
+                                                 "acknowledged_commit": 2}]
+
+
+def test_a_commit_acknowledged_after_the_assignment_began_is_no_lost_commit():
+    events, final = group_history()
+    for e in events:
+        if e["op"] == "commit" and e["w"] == "m1":
+            e["t"] = 2.05  # m1's commit landed while m2 was joining: m2 may have read the older offset
+    events += [{"op": "assign", "w": "m3", "group": "g", "session": "m3/1", "partitions": [0], "t": 2.0},
+               read("m3", "a:0", 0, 0, session="m3/1", t=2.1) | {"group": "g"}]
+    report = check(events, final, group_committed={"g": {0: 4}})
+    assert report.ok, report.anomalies
+
+
+def test_an_offset_below_the_final_commit_that_nobody_read_is_a_group_skip():
+    events, final = group_history()
+    events = [e for e in events if not (e["op"] == "read" and e["offset"] == 2)]
+    report = check(events, final, group_committed={"g": {0: 4}})
+    only(report, "group_skips")
+    assert report.anomalies["group_skips"] == [{"p": 0, "offset": 2, "v": "a:2", "committed": 4}]
+
+
+def test_offsets_past_the_final_commit_may_be_unread_and_other_groups_reads_do_not_count():
+    events, final = group_history()
+    events = [e for e in events if not (e["op"] == "read" and e["offset"] == 3)]
+    assert check(events, final, group_committed={"g": {0: 3}}).ok
+    events = [e | {"group": "other"} if e["op"] == "read" and e["offset"] == 1 else e for e in events]
+    only(check(events, final, group_committed={"g": {0: 3}}), "group_skips")

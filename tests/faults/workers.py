@@ -4,7 +4,8 @@ Run as `python -m tests.faults.workers KIND --bootstrap ... --history DIR --name
 processes so the nemesis can SIGKILL a client, and they stop by themselves after `--seconds`.
 Kinds: producer (idempotent), txn-producer (random aborts and stalls past the transaction timeout), reader
 (read_committed or read_uncommitted, from the beginning), deleter (DeleteRecords churn), lso-monitor, copier
-(consume-transform-produce exactly once), spark-copy (the Spark exactly-once pipeline). `--client` picks confluent-kafka (librdkafka) or oncelog's own client.
+(consume-transform-produce exactly once), spark-copy (the Spark exactly-once pipeline), group-consumer (a member
+of a consumer group that commits what it read). `--client` picks confluent-kafka (librdkafka) or oncelog's own client.
 """
 
 from __future__ import annotations
@@ -310,6 +311,78 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
     c.close()
 
 
+GROUP_SESSION_TIMEOUT_MS = 6_000  # a SIGKILLed member's partitions move on within a run
+GROUP_IDLE_S = 5.0  # after its deadline a member stops once the group committed everything and this long passed
+
+
+def group_consumer(args: argparse.Namespace, h: HistoryWriter) -> None:
+    """A member of consumer group --group on --topic: logs every record it reads, then commits (synchronously)
+    the offsets after what it read; at-least-once. Each assignment starts a new read session (`assign` event with
+    its partitions), so a restart from the committed offsets is no non-monotonic poll, and the checker can compare
+    where a session starts with the commits acknowledged before it (a lost commit). Only what was logged as read
+    is ever committed, so every offset below the group's final committed offset must have been read by some
+    member. After the deadline it drains until the group's committed offsets reach every partition's end (checked
+    after GROUP_IDLE_S without input) or DRAIN_MAX_S passed."""
+    _, Consumer, TopicPartition = _client_modules(args.client)
+    session = {"n": 0, "id": f"{args.name}/0"}
+
+    def on_assign(consumer: Any, partitions: list[Any]) -> None:
+        session["n"] += 1
+        session["id"] = f"{args.name}/{session['n']}"
+        h.log("assign", group=args.group, session=session["id"], partitions=sorted(tp.partition for tp in partitions))
+
+    def on_revoke(consumer: Any, partitions: list[Any]) -> None:
+        h.log("revoke", group=args.group, session=session["id"], partitions=sorted(tp.partition for tp in partitions))
+
+    c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "enable.auto.commit": False,
+                  "auto.offset.reset": "earliest", "isolation.level": "read_committed",
+                  "session.timeout.ms": GROUP_SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 1_000, **_debug(args)})
+    c.subscribe([args.topic], on_assign=on_assign, on_revoke=on_revoke)
+    deadline = time.monotonic() + args.seconds
+    idle_since = time.monotonic()
+    partitions = [TopicPartition(args.topic, part) for part in range(args.partitions)]
+
+    def draining() -> bool:
+        now = time.monotonic()
+        if now > deadline + DRAIN_MAX_S:
+            return False
+        return now - idle_since < GROUP_IDLE_S or not _copied_everything(c, partitions)
+
+    dog = Watchdog()
+    while time.monotonic() < deadline or draining():
+        dog.tick()
+        try:
+            msgs = c.consume(200, 0.5)
+        except Exception as exc:  # noqa: BLE001 - recorded; the consumer goes on
+            h.log("info", error=repr(exc))
+            continue
+        ends: dict[int, int] = {}
+        for m in msgs:
+            if m.error():
+                continue
+            h.log("read", iso="rc", group=args.group, session=session["id"], p=m.partition(), offset=m.offset(),
+                  v=m.value().decode())
+            ends[m.partition()] = m.offset() + 1
+        if not ends:
+            continue
+        idle_since = time.monotonic()
+        pairs = sorted(ends.items())
+        h.log("commit", phase="invoke", group=args.group, session=session["id"], offsets=pairs)
+        try:
+            done = c.commit(offsets=[TopicPartition(args.topic, part, off) for part, off in pairs], asynchronous=False)
+        except Exception as exc:  # noqa: BLE001 - a rebalance or a moving coordinator: the next commit covers it
+            h.log("commit", phase="fail", group=args.group, session=session["id"], offsets=pairs, error=repr(exc))
+            continue
+        failed = {tp.partition for tp in done or [] if getattr(tp, "error", None) is not None}
+        acked = [(part, off) for part, off in pairs if part not in failed]
+        if acked:
+            h.log("commit", phase="ok", group=args.group, session=session["id"], offsets=acked)
+        if failed:
+            h.log("commit", phase="fail", group=args.group, session=session["id"],
+                  offsets=[(part, off) for part, off in pairs if part in failed], error="partition errors")
+    c.close()
+
+
 def _copied_everything(c: Any, partitions: list[Any]) -> bool:
     """Whether the group's committed offsets are at the end of every input partition."""
     try:
@@ -413,7 +486,7 @@ def spark_copy(args: argparse.Namespace, h: HistoryWriter) -> None:
 
 
 KINDS = {"producer": producer, "txn-producer": txn_producer, "reader": reader, "deleter": deleter,
-         "lso-monitor": lso_monitor, "copier": copier, "spark-copy": spark_copy}
+         "lso-monitor": lso_monitor, "copier": copier, "spark-copy": spark_copy, "group-consumer": group_consumer}
 
 
 def main(argv: list[str] | None = None) -> int:

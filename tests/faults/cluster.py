@@ -1,0 +1,361 @@
+"""Cluster fault runs (`make faults CLUSTER=1`, the runner's `--cluster`): three brokers on a 3-member ZooKeeper
+ensemble, topics at replication factor 3 with min.insync.replicas 2, and nemeses that strike brokers by role.
+
+Where the proxies sit. Each broker has its own FaultProxy and advertises (hence registers in ZooKeeper) the
+proxy's address, so every connection *to* broker i goes through proxy i: clients (bootstrap and Metadata
+answers name the proxies) and the other brokers alike (followers fetch from the leader's registered address;
+admin requests are forwarded to the controller's). oncelog has one listener, and Kafka clients only ever
+connect where Metadata points, so clients cannot bypass the proxies while brokers use them; instead each proxy
+tells connections apart by the client id of their first request (`oncelog-replica-<node>`,
+`oncelog-forwarded-by-<node>`: a connection from broker <node>). A fault can so cut or delay exactly the links
+between two brokers (both directions: i's proxy refuses j, j's proxy refuses i) while clients still reach
+every broker and every broker still reaches ZooKeeper: the partition that makes a leader lose its followers
+without losing its session, which a broker kill or pause cannot produce. Client connections stay in `pass`
+(client-side proxy faults are the single node's nemeses).
+
+Nemeses (one fault at a time, each bounded in time and healed before the next; after the last one everything
+is healed and the run waits for every broker to be registered and every replica back in its ISR):
+- broker-kill:        SIGKILL a broker (the leader of a partition the workload uses, or of the group's
+                      __consumer_offsets partition, i.e. its coordinator, in most cases), restart it after a
+                      moment (it waits out its old session before it registers again);
+- broker-pause:       SIGSTOP a broker (leaders in particular) for a moment or past the ZooKeeper session
+                      timeout, so its session expires and its leaderships move while it sleeps; then SIGCONT;
+- inter-broker-cut:   refuse (or blackhole) every link between a broker and its peers, or one link, for up to
+                      past replica.lag.time.max.ms (the ISR shrinks, acks=all answers NOT_ENOUGH_REPLICAS);
+- inter-broker-delay: delay every chunk on a broker's links to its peers;
+- coordination-kill:  SIGKILL a ZooKeeper member (its leader half the time) and restart it;
+- controller-kill:    SIGKILL the controller's broker and restart it;
+- client-kill:        SIGKILL a producer or a group member (the runner's).
+Everything listens on 127.0.0.1 and stops with the run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from oncelog.cluster.coordination_service import Ensemble
+from oncelog.coordinator.partitioning import partition_for
+from oncelog.embedded import ClusterProcess
+from tests.faults.proxy import FaultProxy
+from tests.faults.runner import BROKER_SETTINGS, GROUP, PARTITIONS, WORKLOADS, Run
+
+BROKERS = 3
+MEMBERS = 3
+SESSION_MS = 6_000  # ZooKeeper session: how long a dead or paused broker keeps its seat and leaderships
+OFFSETS_PARTITIONS = 6
+CHROOT = "/oncelog-faults"
+CLUSTER_SETTINGS: dict[str, object] = {
+    **BROKER_SETTINGS,
+    "oncelog.coordination.session.timeout.ms": SESSION_MS,
+    "default.replication.factor": 3,
+    "min.insync.replicas": 2,
+    "offsets.topic.replication.factor": 3,
+    "offsets.topic.num.partitions": OFFSETS_PARTITIONS,
+    "transaction.state.log.replication.factor": 3,
+    "transaction.state.log.min.isr": 2,
+    "transaction.state.log.num.partitions": OFFSETS_PARTITIONS,
+    "replica.lag.time.max.ms": 5_000,  # a cut follower leaves the ISR within a fault
+    "replica.socket.timeout.ms": 5_000,  # a blackholed fetch gives up within a fault
+    "leader.imbalance.check.interval.seconds": 10,  # preferred elections move leaders back during a run
+    "controlled.shutdown.retry.backoff.ms": 1_000,
+}
+START_S = 180.0  # an ensemble and three brokers on a loaded two-core machine
+
+
+def converge_s() -> float:
+    """How long the cluster may take to show a change: a session expiry, an election, watches, a restart."""
+    return 4 * SESSION_MS / 1000 + 30
+
+
+class FaultCluster:
+    """The ensemble, the brokers (`ClusterProcess` on the ensemble) and one FaultProxy in front of each broker."""
+
+    def __init__(self, directory: Path, settings: dict[str, object] | None = None, brokers: int = BROKERS,
+                 members: int = MEMBERS) -> None:
+        self.directory = directory
+        self.settings = dict(CLUSTER_SETTINGS if settings is None else settings)
+        self.ensemble = Ensemble(directory / "coordination", members)
+        self.proxies = {i: FaultProxy(upstream_port=0) for i in range(1, brokers + 1)}
+        self.processes: ClusterProcess | None = None
+        self.paused: set[int] = set()
+        self.down: set[int] = set()
+
+    # -- lifecycle ----------------------------------------------------------------------------------------------
+    def start(self, timeout: float = START_S) -> FaultCluster:
+        deadline = time.monotonic() + timeout
+        self.ensemble.start()
+        for proxy in self.proxies.values():
+            proxy.start()
+        self.processes = ClusterProcess(
+            self.directory, len(self.proxies), self.settings, connect=self.ensemble.connect_string(CHROOT),
+            broker_settings={i: {"advertised.listeners": p.address} for i, p in self.proxies.items()})
+        self.processes.start(max(deadline - time.monotonic(), 1.0))
+        # The brokers' ports are known once they listen; they keep them across restarts.
+        for i, broker in self.processes.brokers.items():
+            self.proxies[i].upstream_port = broker.port
+        return self
+
+    def stop(self) -> None:
+        """SIGKILL the brokers (their data goes with the run), stop ZooKeeper and the proxies."""
+        if self.processes is not None:
+            for i in list(self.paused):
+                self._signal(i, signal.SIGCONT)
+            self.processes.kill_all()
+        self.ensemble.stop()
+        for proxy in self.proxies.values():
+            proxy.stop()
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(p.address for p in self.proxies.values())
+
+    @property
+    def nodes(self) -> list[int]:
+        return sorted(self.proxies)
+
+    def responsive(self) -> list[int]:
+        """Brokers that run and are not stopped."""
+        assert self.processes is not None
+        return [i for i in self.processes.alive() if i not in self.paused]
+
+    # -- what the cluster says (Metadata straight to a responsive broker, never through a proxy) -------------------
+    def metadata(self, topics: list[str] | None) -> Any:
+        assert self.processes is not None
+        last: Exception | None = None
+        for node in self.responsive():
+            try:
+                return self.processes.metadata(node, topics, timeout=5.0)
+            except Exception as exc:  # noqa: BLE001 - that broker may be going down: ask the next
+                last = exc
+        raise RuntimeError(f"no broker answered Metadata: {last!r}")
+
+    def leader(self, topic: str, partition: int) -> int | None:
+        try:
+            md = self.metadata([topic])
+        except RuntimeError:
+            return None
+        for t in md.topics:
+            for p in t.partitions:
+                if p.partition_index == partition and p.leader_id >= 0:
+                    return p.leader_id
+        return None
+
+    def controller(self) -> int | None:
+        try:
+            node = self.metadata([]).controller_id
+        except RuntimeError:
+            return None
+        return node if node in self.proxies else None
+
+    def under_replicated(self, topics: Iterable[str]) -> list[str]:
+        """Partitions of `topics` whose ISR is not every replica, or that have no leader."""
+        md = self.metadata(list(topics))
+        out = []
+        for t in md.topics:
+            if t.error_code != 0:
+                out.append(f"{t.name}: error {t.error_code}")
+            for p in t.partitions:
+                if p.leader_id < 0 or sorted(p.isr_nodes) != sorted(p.replica_nodes):
+                    out.append(f"{t.name}-{p.partition_index} leader {p.leader_id} isr {sorted(p.isr_nodes)}")
+        return out
+
+    # -- faults -------------------------------------------------------------------------------------------------
+    def kill(self, node: int) -> None:
+        assert self.processes is not None
+        self.processes.kill(node)
+        self.down.add(node)
+
+    def restart(self, node: int) -> None:
+        """Start a killed broker on its port and data; it registers once its old session expired."""
+        assert self.processes is not None
+        self.processes.start_broker(node, timeout=60 + SESSION_MS / 1000)
+        self.down.discard(node)
+
+    def pause(self, node: int) -> None:
+        self._signal(node, signal.SIGSTOP)
+        self.paused.add(node)
+
+    def resume(self, node: int) -> None:
+        self._signal(node, signal.SIGCONT)
+        self.paused.discard(node)
+
+    def _signal(self, node: int, sig: signal.Signals) -> None:
+        assert self.processes is not None
+        proc = self.processes.brokers[node].proc
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, sig)
+
+    def cut_links(self, node: int, peers: Iterable[int], mode: str, delay_s: float = 0.0) -> None:
+        """Links between `node` and each of `peers` follow `mode` both ways (refuse, blackhole, delay)."""
+        peers = [p for p in peers if p != node]
+        self.proxies[node].set_link(peers, mode, delay_s)
+        for peer in peers:
+            self.proxies[peer].set_link([node], mode, delay_s)
+
+    def heal_links(self) -> None:
+        for proxy in self.proxies.values():
+            proxy.clear_links()
+
+    def kill_member(self, member: int) -> None:
+        self.ensemble.kill(member)
+
+    def heal(self) -> None:
+        """Every broker running and registered, every link passing, every ZooKeeper member serving."""
+        assert self.processes is not None
+        for node in list(self.paused):
+            self.resume(node)
+        self.heal_links()
+        self.ensemble.revive()
+        for node in sorted(self.down):
+            self.restart(node)
+        self.processes.wait_registered(set(self.proxies), converge_s())
+
+
+class ClusterRun(Run):
+    """One fault run on a FaultCluster: the runner's workloads, histories and checker; the cluster's nemeses."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cluster = FaultCluster(self.dir / "cluster")
+        self.topics = WORKLOADS[self.workload][1]
+
+    def start(self) -> None:
+        self.cluster.start()
+        admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap})
+        futures = admin.create_topics([NewTopic(t, PARTITIONS, BROKERS, config={"min.insync.replicas": "2"})
+                                       for t in self.topics])
+        for future in futures.values():
+            future.result(60)
+        self._wait_in_sync("topics created")
+        self.spawn_workers()
+
+    def _wait_in_sync(self, when: str) -> None:
+        """Until every partition of the workload's topics has a leader and its whole ISR (bounded); a cluster
+        that does not get there is noted in the nemesis log and on stdout."""
+        deadline = time.monotonic() + converge_s()
+        lagging: list[str] = []
+        while time.monotonic() < deadline:
+            try:
+                lagging = self.cluster.under_replicated(self.topics)
+            except RuntimeError as exc:
+                lagging = [str(exc)]
+            if not lagging:
+                return
+            time.sleep(0.5)
+        self.nemesis_log.log("info", error=f"{when}: still under-replicated after {converge_s():.0f} s",
+                             partitions=lagging)
+        print(f"cluster run seed {self.seed}: {when}: still under-replicated: {lagging}", flush=True)
+
+    @property
+    def client_bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    @property
+    def read_bootstrap(self) -> str:
+        return self.cluster.bootstrap
+
+    # -- the nemesis ----------------------------------------------------------------------------------------------
+    def _target(self) -> tuple[int, str]:
+        """A broker to strike and why: most often the leader of a partition the workload uses (for the consumer
+        workload also the group's coordinator), else the controller or any broker."""
+        r = self.rng.random()
+        if r < 0.6:
+            if self.workload == "consumer" and self.rng.random() < 0.4:
+                partition = partition_for(GROUP, OFFSETS_PARTITIONS)
+                leader = self.cluster.leader("__consumer_offsets", partition)
+                if leader is not None:
+                    return leader, f"group coordinator (__consumer_offsets-{partition})"
+            topic, partition = self.rng.choice(self.topics), self.rng.randrange(PARTITIONS)
+            leader = self.cluster.leader(topic, partition)
+            if leader is not None:
+                return leader, f"leader of {topic}-{partition}"
+        elif r < 0.75:
+            controller = self.cluster.controller()
+            if controller is not None:
+                return controller, "controller"
+        return self.rng.choice(self.cluster.nodes), "any"
+
+    def _bounded(self, seconds: float) -> float:
+        """A fault's length, cut so that it ends by the workers' deadline."""
+        if self.deadline is None:
+            return seconds
+        return max(0.5, min(seconds, self.deadline - time.monotonic() - 1))
+
+    def _inject(self, fault: str, duration: float) -> None:
+        c = self.cluster
+        if fault in ("broker-kill", "controller-kill"):
+            if fault == "controller-kill":
+                node, why = c.controller() or self.rng.choice(c.nodes), "controller"
+            else:
+                node, why = self._target()
+            down = self._bounded(self.rng.uniform(0.5, 4.0))
+            self.nemesis_log.log("fault", kind=fault, phase="target", broker=node, role=why, seconds=down)
+            c.kill(node)
+            time.sleep(down)
+            c.restart(node)
+        elif fault == "broker-pause":
+            node, why = self._target()
+            if self.rng.random() < 0.5:
+                paused = self.rng.uniform(0.5, 3.0)  # inside the session: requests stall, nothing moves
+            else:
+                paused = self.rng.uniform(1.3, 1.8) * SESSION_MS / 1000  # its session expires while it sleeps
+            paused = self._bounded(paused)
+            self.nemesis_log.log("fault", kind=fault, phase="target", broker=node, role=why, seconds=paused)
+            c.pause(node)
+            try:
+                time.sleep(paused)
+            finally:
+                c.resume(node)
+        elif fault in ("inter-broker-cut", "inter-broker-delay"):
+            node, why = self._target()
+            others = [n for n in c.nodes if n != node]
+            peers = others if self.rng.random() < 0.6 else [self.rng.choice(others)]
+            if fault == "inter-broker-cut":
+                mode, delay = ("refuse" if self.rng.random() < 0.7 else "blackhole"), 0.0
+                seconds = self.rng.uniform(1.0, 10.0)  # often past replica.lag.time.max.ms
+            else:
+                mode, delay = "delay", self.rng.uniform(0.05, 0.8)
+                seconds = self.rng.uniform(2.0, 8.0)
+            seconds = self._bounded(seconds)
+            self.nemesis_log.log("fault", kind=fault, phase="target", broker=node, role=why, peers=peers, mode=mode,
+                                 delay=delay, seconds=seconds)
+            c.cut_links(node, peers, mode, delay)
+            try:
+                time.sleep(seconds)
+            finally:
+                c.heal_links()
+        elif fault == "coordination-kill":
+            member = self.rng.choice(range(1, MEMBERS + 1))
+            why = "any"
+            if self.rng.random() < 0.5:
+                try:
+                    member, why = c.ensemble.leader(timeout=5.0), "leader"
+                except Exception:  # noqa: BLE001 - no single leader right now: the random member then
+                    pass
+            down = self._bounded(self.rng.uniform(0.5, 5.0))
+            self.nemesis_log.log("fault", kind=fault, phase="target", member=member, role=why, seconds=down)
+            c.kill_member(member)
+            time.sleep(down)
+            c.ensemble.revive()
+        elif fault == "client-kill":
+            self.kill_client()
+        else:
+            raise ValueError(f"not a cluster nemesis: {fault}")
+
+    def heal(self) -> None:
+        self.cluster.heal()
+        self._wait_in_sync("after the heal")
+
+    def stop(self) -> None:
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.kill()
+                w.proc.wait()
+        self.cluster.stop()

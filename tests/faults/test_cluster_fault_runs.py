@@ -1,0 +1,40 @@
+"""The short cluster fault run of `make test`: two runs of the harness in cluster mode (tests/faults/cluster.py:
+three brokers at replication factor 3 on a 3-member ZooKeeper ensemble, every cluster nemesis mixed), the
+idempotent workload with confluent-kafka and the consumer-group workload with oncelog's own client, must end
+with zero anomalies. `make faults CLUSTER=1 RUNS=N` is the long version.
+
+Bounded: each run injects faults for FAULTS_CLUSTER_TEST_SECONDS (default 20) and then heals; 30-50 s each.
+Skipped with the reason where ZooKeeper cannot run (no java, or its jars not resolved: make coordination-setup).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests.faults.checker import ANOMALIES
+from tests.faults.runner import CLUSTER_NEMESES, one_run
+
+SECONDS = float(os.environ.get("FAULTS_CLUSTER_TEST_SECONDS", "20"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _zookeeper_runtime():
+    from oncelog.cluster.zookeeper_jars import CoordinationUnavailable, java_executable, zookeeper_classpath
+
+    try:
+        java_executable()
+        zookeeper_classpath()
+    except CoordinationUnavailable as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("workload,seed,client", [("idempotent", 21, "confluent"), ("consumer", 22, "oncelog")])
+def test_short_cluster_fault_run_has_no_anomalies(workload, seed, client):
+    result = one_run(workload, list(CLUSTER_NEMESES), seed, SECONDS, client, None, cluster=True)
+    assert result.faults > 0, "the nemesis injected nothing"
+    assert result.operations > 0, "the workload did nothing"
+    found = {name: [a for rep in result.report.values() for a in rep.anomalies[name]] for name in ANOMALIES}
+    assert not any(found.values()), {name: items[:3] for name, items in found.items() if items}
