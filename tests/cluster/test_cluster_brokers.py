@@ -41,7 +41,7 @@ from tests.cluster.cluster_processes import (
 )
 
 NONE, NOT_ENOUGH_REPLICAS, INVALID_REPLICATION_FACTOR, UNKNOWN_TOPIC, LEADER_NOT_AVAILABLE = 0, 19, 38, 3, 5
-ELECTION_NOT_NEEDED = 84
+ELECTION_NOT_NEEDED, NOT_LEADER = 84, 6
 
 
 @pytest.fixture
@@ -122,6 +122,12 @@ def test_create_topics_spreads_leaders_and_checks_the_replication_factor(cluster
         return sorted(p.partition_index for t in result.topics if t.name == "placed" for p in t.partitions)
 
     assert [replicas_on(n) for n in (1, 2, 3)] == [[1], [0], [0, 1]]
+    # A broker with no replica of a topic sends producers to the leader (NOT_LEADER_OR_FOLLOWER), as one that
+    # only follows it does.
+    assert produce(c, 1, "placed", 0, [b"x"])[0] == NOT_LEADER
+    create(c, NewTopic("elsewhere", num_partitions=1, replica_assignment=[[2]]))
+    assert produce(c, 1, "elsewhere", 0, [b"x"])[0] == NOT_LEADER
+    wait_for(lambda: produce(c, 2, "elsewhere", 0, [b"x"]) == (NONE, 0), "broker 2 to lead its partition", 30)
 
 
 def test_a_broker_with_a_live_node_id_refuses_to_start(cluster, tmp_path):

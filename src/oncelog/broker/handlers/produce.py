@@ -85,7 +85,10 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
                 slot.error = ErrorCode.INVALID_REQUIRED_ACKS
                 continue
             if meta is None:
-                slot.error = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                # No local copy: in a cluster the topic may live on other brokers (NOT_LEADER_OR_FOLLOWER sends the
+                # client to look again), else it does not exist.
+                found = access.leader(topic_name, index)
+                slot.error = found if isinstance(found, ErrorCode) else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
                 continue
             if meta.internal:
                 slot.error = ErrorCode.INVALID_TOPIC_EXCEPTION
