@@ -81,6 +81,8 @@ def dict_error_codes(value: Any) -> Iterator[int]:
 
 
 class ClusterMode:
+    """One broker's membership of a cluster (see the module docstring for the order of work)."""
+
     def __init__(self, broker: Broker) -> None:
         self.broker = broker
         self.config = broker.config
