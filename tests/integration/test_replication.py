@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import shutil
 import threading
 import time
 import uuid
@@ -37,7 +38,7 @@ from oncelog.config import load_broker_config
 from oncelog.records.batch import read_header
 from oncelog.records.builder import build_batch
 
-NONE, NOT_LEADER, DUPLICATE_SEQUENCE, FENCED, STALE_BROKER_EPOCH = 0, 6, 46, 74, 77
+NONE, NOT_LEADER, DUPLICATE_SEQUENCE, UNKNOWN_PRODUCER_ID, FENCED, STALE_BROKER_EPOCH = 0, 6, 46, 59, 74, 77
 T = "rep"
 LAG_MS = 2000
 WAIT_S = 30  # generous: the machine is shared
@@ -48,11 +49,13 @@ class Store:
 
     def __init__(self, image: MetadataImage) -> None:
         self.image = image
+        self.isrs: list[tuple[int, ...]] = []  # every ISR written, in order
 
     async def write_state(self, topic, partition, new, expected_version, controller_epoch):
         held = self.image.partition(topic, partition)
         if held.version != expected_version:
             raise RuntimeError("BadVersion")
+        self.isrs.append(new.isr)
         stored = dataclasses.replace(new, version=held.version + 1)
         self.image.apply_partition_state(topic, partition, stored, created=1)
         return stored.version
@@ -102,7 +105,7 @@ class Cluster:
 
         return self.call_async(run())
 
-    async def _start(self, node_id: int) -> Node:
+    async def _start(self, node_id: int, broker_epoch: int | None = None) -> Node:
         config = load_broker_config(overrides=[
             f"node.id={node_id}", f"oncelog.fsync.enable={'true' if self.fsync else 'false'}",
             f"replica.lag.time.max.ms={LAG_MS}", "replica.fetch.backoff.ms=100", "replica.fetch.wait.max.ms=200",
@@ -123,7 +126,8 @@ class Cluster:
             rm.on_flushed(plog)
 
         broker.flusher.on_high_watermark = flushed
-        self.image.apply_broker(BrokerInfo(node_id, "127.0.0.1", broker.port, None, 100 + node_id))
+        epoch = 100 + node_id if broker_epoch is None else broker_epoch
+        self.image.apply_broker(BrokerInfo(node_id, "127.0.0.1", broker.port, None, epoch))
         rm.start(fetchers)
         return Node(node_id, broker, rm, fetchers)
 
@@ -149,6 +153,31 @@ class Cluster:
 
     def state(self, partition: int = 0) -> PartitionState:
         return self.call(self.image.partition, T, partition)
+
+    def reassign(self, replicas: tuple[int, ...]) -> None:
+        """The controller writes a new assignment (what a reassignment does at its start and its end)."""
+        def apply():
+            info = self.image.topics[T]
+            self.image.apply_topic(dataclasses.replace(info, assignment={
+                p: PartitionAssignment(replicas) for p in range(self.partitions)}, version=info.version + 1))
+
+        self.call(apply)
+
+    def restart_wiped(self, node_id: int) -> Node:
+        """Broker `node_id` stops, loses its data directory and starts again as a new incarnation (a new broker
+        epoch), faster than the controller could take it out of any ISR."""
+        node = self.nodes[node_id]
+
+        async def stop():
+            await node.fetchers.stop()
+            await node.rm.stop()
+            await node.broker.stop()
+
+        self.call_async(stop())
+        shutil.rmtree(self.root / f"b{node_id}")
+        epoch = self.call(self.image.broker_epoch, node_id) + 1000
+        self.nodes[node_id] = self.call_async(self._start(node_id, epoch))
+        return self.nodes[node_id]
 
     def stop(self) -> None:
         async def stop_all():
@@ -413,3 +442,136 @@ def test_truncation_asks_again_for_an_epoch_the_follower_never_had(cluster):
     want = log_bytes(c, b2)
     wait_for(lambda: log_bytes(c, b1) == want, "broker 1 to hold broker 2's log")
     assert c.call(lambda: b1.broker.logs.get_partition(T, 0).leader_epochs.entries()) == [(0, 0), (1, 3), (3, 7)]
+
+
+# -- a replica whose log starts over takes the leader's producer state (docs/cluster.md §4.7, seed 000) ----------
+PID = 9090
+
+
+def write_then_delete(c: Cluster, leader: Node) -> list[tuple[list[bytes], int, int]]:
+    """An idempotent producer writes four batches (offsets 0-7), a plain producer one more (8-9), and
+    DeleteRecords removes everything before 8: the idempotent producer's batches are all gone from the log,
+    only the replicas' producer state still knows it (KIP-360)."""
+    sent = []
+    for i in range(4):
+        records = [b"p%d-%d" % (i, j) for j in range(2)]
+        error, base = produce(leader, batch(records, PID, 2 * i))
+        assert (error, base) == (NONE, 2 * i)
+        sent.append((records, 2 * i, base))
+    assert produce(leader, batch([b"plain-1", b"plain-2"])) == (NONE, 8)
+    assert delete_records(leader, 8) == (NONE, 8)
+    return sent
+
+
+def answers_as_the_old_leader(new: Node, sent) -> None:
+    """Retries of the producer's batches get their original offsets; its next batch (same epoch, next sequence)
+    is accepted. A replica that rebuilt producer state from its log alone answers UNKNOWN_PRODUCER_ID to both."""
+    for records, seq, base in sent:
+        assert produce(new, batch(records, PID, seq), acks=1) == (NONE, base)
+    assert produce(new, batch([b"next"], PID, 8), acks=1) == (NONE, 10)
+    assert produce(new, batch([b"next"], PID, 8), acks=1) == (NONE, 10)  # and that one's retry too
+
+
+def holds_state_when_in_isr(c: Cluster, node_id: int) -> bool:
+    """Broker `node_id` is in the ISR; when it is, it must already hold the producer's state (the leader adds it
+    only after it installed the snapshot)."""
+    if node_id not in c.state().isr:
+        return False
+    part = c.call(lambda: c.nodes[node_id].broker.logs.get_partition(T, 0))
+    assert c.call(lambda: (part.producer_state_incomplete, PID in part.producers.entries)) == (False, True)
+    return True
+
+
+def test_a_replica_added_after_deleted_records_knows_their_producer(cluster):
+    c = cluster()
+    c.create((1, 2))
+    leader = c.nodes[1]
+    wait_for(lambda: all(T in c.nodes[n].broker.logs.topics for n in (1, 2)), "replicas to open")
+    sent = write_then_delete(c, leader)
+    # A reassignment adds broker 3. Its log starts over at the leader's log start (8), so it replicates no batch
+    # of the producer: it takes the leader's producer state, installs it at the log end it was taken at (10),
+    # and only then joins the ISR.
+    c.reassign((1, 2, 3))
+    wait_for(lambda: holds_state_when_in_isr(c, 3), "broker 3 in the ISR")
+    new = c.nodes[3]
+    assert c.call(lambda: (new.log().log_start_offset, new.log().log_end_offset)) == (8, 10)
+    assert log_bytes(c, new) == log_bytes(c, leader)
+    # The reassignment ends: brokers 1 and 2 go, broker 3 leads alone.
+    c.elect(3, (3,))
+    c.reassign((3,))
+    wait_for(lambda: c.call(lambda: new.rm.replicas[(T, 0)].role.value) == "leader", "broker 3 to lead")
+    wait_for(lambda: c.call(lambda: (T, 0) not in c.nodes[1].rm.replicas), "broker 1's copy to go")
+    answers_as_the_old_leader(new, sent)
+
+
+def test_a_replica_restarted_with_an_empty_disk_takes_the_producer_state_again(cluster):
+    c = cluster()
+    c.create((1, 2, 3))
+    leader = c.nodes[1]
+    wait_for(lambda: all(T in n.broker.logs.topics for n in c.nodes.values()), "replicas to open")
+    sent = write_then_delete(c, leader)
+    wait_for(lambda: c.call(lambda: c.nodes[2].log().log_end_offset) == 10, "broker 2 to have every batch")
+    # Broker 2 comes back with nothing, still in the ISR as far as the image says: its first fetch, below the
+    # leader's log start, takes it out at once (it lost what the ISR stands for), and it returns only with the
+    # producer state.
+    written = len(c.store.isrs)
+    restarted = c.restart_wiped(2)
+    wait_for(lambda: c.call(lambda: (1, 3) in c.store.isrs[written:]), "broker 2 out of the ISR")
+    wait_for(lambda: holds_state_when_in_isr(c, 2), "broker 2 back in the ISR")
+    assert c.call(lambda: (restarted.log().log_start_offset, restarted.log().log_end_offset)) == (8, 10)
+    # The leader goes; broker 2 is elected and answers the producer as broker 1 would have.
+    c.elect(2, (2,))
+    wait_for(lambda: c.call(lambda: restarted.rm.replicas[(T, 0)].role.value) == "leader", "broker 2 to lead")
+    answers_as_the_old_leader(restarted, sent)
+
+
+def snapshot_request(c: Cluster, node: Node, replica_id: int, *, epoch: int = 0, end_offset: int = -1,
+                     position: int = 0):
+    """FetchSnapshot (inter-broker) from `replica_id` to `node`, over an oncelog client connection: (the
+    partition's answer, the API keys the broker advertises)."""
+    from oncelog.client.connection import BrokerConnection
+    from oncelog.protocol.apis import ApiKey
+
+    async def ask():
+        conn = BrokerConnection("127.0.0.1", node.broker.port, node.node_id, client_id="test-replica")
+        await conn.connect()
+        try:
+            resp = await conn.call(ApiKey.FETCH_SNAPSHOT, {"replica_id": replica_id, "max_bytes": 1 << 20, "topics": [
+                {"name": T, "partitions": [{"partition": 0, "current_leader_epoch": epoch, "position": position,
+                                            "snapshot_id": {"end_offset": end_offset, "epoch": -1}}]}]},
+                version=0, timeout=WAIT_S)
+            return resp.topics[0].partitions[0], set(conn.api_versions)
+        finally:
+            await conn.close()
+
+    return c.call_async(ask())
+
+
+def test_fetch_snapshot_serves_replicas_only_once_its_offset_is_committed(cluster):
+    from oncelog.storage.producer_state import decode_snapshot
+
+    c = cluster()
+    c.create((1, 2))
+    leader = c.nodes[1]
+    wait_for(lambda: all(T in c.nodes[n].broker.logs.topics for n in (1, 2)), "replicas to open")
+    assert produce(leader, batch([b"a", b"b"], PID, 0)) == (NONE, 0)
+    answer, advertised = snapshot_request(c, leader, 2)
+    assert 59 not in advertised  # inter-broker only: never in ApiVersions
+    assert (answer.error_code, answer.snapshot_id.end_offset, answer.snapshot_id.epoch) == (NONE, 2, 0)
+    assert (answer.current_leader.leader_id, answer.position, answer.size) == (1, 0, len(answer.unaligned_records))
+    (entry,) = decode_snapshot(answer.unaligned_records)
+    assert (entry.producer_id, [(b.first_seq, b.last_seq, b.first_offset) for b in entry.batches]) == \
+        (PID, [(0, 1, 0)])
+    # Refused: not a replica, not the leader, an epoch it does not have, a named snapshot, a position inside one.
+    assert snapshot_request(c, leader, 3)[0].error_code == NOT_LEADER
+    assert snapshot_request(c, c.nodes[2], 1)[0].error_code == NOT_LEADER
+    assert snapshot_request(c, leader, 2, epoch=1)[0].error_code == 75  # UNKNOWN_LEADER_EPOCH
+    assert snapshot_request(c, leader, 2, end_offset=2)[0].error_code == 98  # SNAPSHOT_NOT_FOUND
+    assert snapshot_request(c, leader, 2, position=5)[0].error_code == 99  # POSITION_OUT_OF_RANGE
+    # A state that counts batches only the leader has is not handed out: broker 2 stops fetching, a batch goes to
+    # the leader alone, and the answer comes once that batch is committed (here: broker 2 left the ISR).
+    c.call(c.nodes[2].fetchers.unfollow, (T, 0))
+    assert produce(leader, batch([b"c"], PID, 2), acks=1) == (NONE, 2)
+    answer, _ = snapshot_request(c, leader, 2)
+    assert (answer.error_code, answer.snapshot_id.end_offset) == (NONE, 3)
+    assert c.state().isr == (1,) and c.call(lambda: leader.log().high_watermark) == 3

@@ -111,6 +111,12 @@ class PartitionAccess(Protocol):
         stale incarnation), or None when this broker has no replicas and serves it as a consumer fetch."""
         ...
 
+    async def producer_snapshot(self, part: Partition, replica_id: int) -> tuple[bytes, int, int]:
+        """FetchSnapshot from the follower `replica_id` whose log started over: (this leader's producer state in
+        the snapshot format, the offset it describes, the leader epoch), answered once that offset is committed
+        (docs/cluster.md §4.7); raise `KafkaError` (NOT_LEADER_OR_FOLLOWER, REQUEST_TIMED_OUT)."""
+        ...
+
 
 class LocalPartitionAccess:
     """The single node: every local partition is led here at epoch 0, ISR = {this broker}, acks=all = fsynced.
@@ -171,6 +177,10 @@ class LocalPartitionAccess:
     def replica_fetch(self, part: Partition, replica_id: int, fetch_offset: int, log_start_offset: int,
                       broker_epoch: int = -1) -> ErrorCode | None:
         return None
+
+    async def producer_snapshot(self, part: Partition, replica_id: int) -> tuple[bytes, int, int]:
+        raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"Broker {replica_id} is not a replica of {part.name}: "
+                         "a single node has no followers")
 
 
 class ReplicatedPartitionAccess:
@@ -240,3 +250,9 @@ class ReplicatedPartitionAccess:
         if rep is None:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER
         return self._rm.follower_fetch(rep, replica_id, fetch_offset, log_start_offset, broker_epoch)
+
+    async def producer_snapshot(self, part: Partition, replica_id: int) -> tuple[bytes, int, int]:
+        rep = self._replica(part)
+        if rep is None:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{part.name} is not a replica here any more")
+        return await self._rm.producer_snapshot(rep, replica_id)

@@ -12,6 +12,14 @@ the leader and cuts its log there, asking again with an older epoch when the lea
 A fetch offset outside the leader's log (OFFSET_OUT_OF_RANGE) is resolved with ListOffsets: below the leader's
 log start the log starts over there; above the leader's log end it is cut to it.
 
+A partition whose log started over (fetched below the leader's log start, so emptied and started at it; or one
+that did and was not finished when this broker stopped: `Partition.producer_state_incomplete`) lacks the
+producers whose batches were deleted before it copied the log (seed 000). It asks its leader for its
+producer-state snapshot (FetchSnapshot, on a connection of its own, since the leader answers only once the
+snapshot's offset L is committed and the other partitions' fetches must not queue behind it), is not fetched
+until the answer comes, then fetches up to exactly L, installs the state there (`Partition.install_producer_state`)
+and only then fetches past it: a fetch offset past L tells the leader it may join the ISR (docs/cluster.md §4.7).
+
 Errors back one partition off for replica.fetch.backoff.ms; a broken connection backs the whole loop off. The
 replica manager decides who is followed at which epoch (`follow` / `unfollow`); a response that arrives after
 that changed is dropped.
@@ -47,7 +55,16 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 FETCH_VERSION = 12  # the newest Fetch oncelog's codecs speak; names topics, carries LastFetchedEpoch
+FETCH_SNAPSHOT_VERSION = 0
 EARLIEST, LATEST = -2, -1
+
+
+@dataclass(frozen=True, slots=True)
+class LeaderSnapshot:
+    """The leader's producer state (snapshot format) as of its log end offset `offset`, committed there."""
+
+    data: bytes
+    offset: int
 
 
 @dataclass(eq=False, slots=True)
@@ -61,6 +78,8 @@ class FetchPartition:
     truncating: bool = True  # validate the log against the leader before fetching
     out_of_range: bool = False  # the leader said the fetch offset is outside its log
     delay_until: float = 0.0  # monotonic time before which it is not fetched (backoff)
+    needs_snapshot: bool = False  # the log started over: the leader's producer state is to be installed
+    snapshot: LeaderSnapshot | None = None  # received, installed when the log end reaches its offset
 
 
 def _monotonic() -> float:
@@ -101,7 +120,7 @@ class ReplicaFetcherManager:
         if source is None:
             source = self.sources[leader] = SourceFetcher(self, leader)
             source.start()
-        source.add(FetchPartition(key, part, leader, leader_epoch))
+        source.add(FetchPartition(key, part, leader, leader_epoch, needs_snapshot=part.producer_state_incomplete))
         self._where[key] = leader
 
     def unfollow(self, key: Key) -> None:
@@ -135,6 +154,8 @@ class SourceFetcher:
         self._conn: BrokerConnection | None = None
         self._address: tuple[str, int] | None = None
         self._task: asyncio.Task | None = None
+        self._snapshot_conn: BrokerConnection | None = None  # FetchSnapshot only: its answers wait on the leader
+        self._snapshot_task: asyncio.Task | None = None
         config = manager.config
         self._backoff = config["replica.fetch.backoff.ms"] / 1000
         self._max_wait_ms: int = config["replica.fetch.wait.max.ms"]
@@ -148,9 +169,10 @@ class SourceFetcher:
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"oncelog-fetch-from-{self.leader}")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+        tasks = [t for t in (self._task, self._snapshot_task) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._close()
 
     def add(self, fp: FetchPartition) -> None:
@@ -174,6 +196,7 @@ class SourceFetcher:
                         continue
                     await self._resolve_out_of_range(conn)
                     await self._truncate(conn)
+                    self._request_snapshots()
                     ready = self._ready()
                     if not ready:
                         await self._pause(self._next_delay())
@@ -191,21 +214,25 @@ class SourceFetcher:
                     await self._pause(self._backoff)
         finally:
             self.manager._retire(self)
+            if self._snapshot_task is not None:
+                self._snapshot_task.cancel()
             await self._close()
 
     async def _pause(self, seconds: float) -> None:
-        """Sleep, but wake when the partitions change (a new epoch, a new partition to follow)."""
+        """Sleep, but wake when the partitions change (a new epoch, a new partition to follow, a snapshot)."""
         try:
-            await asyncio.wait_for(self._changed.wait(), max(seconds, 0.0))
+            async with asyncio.timeout(max(seconds, 0.0)):
+                await self._changed.wait()
         except TimeoutError:
             pass
 
     def _ready(self) -> list[FetchPartition]:
         """Partitions to fetch now. One whose log end is not yet durable is left out: its fetch offset would
-        report what a power loss could take back (§4.3)."""
+        report what a power loss could take back (§4.3); so is one waiting for its leader's producer state."""
         now = _monotonic()
         return [fp for fp in self.partitions.values()
                 if not fp.truncating and not fp.out_of_range and fp.delay_until <= now
+                and (not fp.needs_snapshot or fp.snapshot is not None)
                 and fp.part.log.durable_end >= fp.part.log.log_end_offset]
 
     def _next_delay(self) -> float:
@@ -239,8 +266,10 @@ class SourceFetcher:
 
     async def _close(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None:
-            await conn.close()
+        snapshots, self._snapshot_conn = self._snapshot_conn, None
+        for c in (conn, snapshots):
+            if c is not None:
+                await c.close()
 
     # -- truncation (KIP-101 / KIP-279) ------------------------------------------------------------------------
     async def _truncate(self, conn: BrokerConnection) -> None:
@@ -313,6 +342,117 @@ class SourceFetcher:
         log.info("%s-%d: truncated from %d to %d following broker %d at epoch %d", topic, index, before,
                  plog.log_end_offset, self.leader, fp.leader_epoch)
 
+    # -- the leader's producer state (seed 000) -------------------------------------------------------------------
+    def _request_snapshots(self) -> None:
+        """Ask for the producer state of every partition that needs it and has been truncated, one request at a
+        time in the background; its end wakes the loop."""
+        if self._snapshot_task is not None:
+            return
+        now = _monotonic()
+        wanted = [fp for fp in self.partitions.values() if fp.needs_snapshot and fp.snapshot is None
+                  and not fp.truncating and not fp.out_of_range and fp.delay_until <= now]
+        if wanted:
+            self._snapshot_task = asyncio.get_running_loop().create_task(
+                self._fetch_snapshots(wanted), name=f"oncelog-snapshots-from-{self.leader}")
+
+    async def _fetch_snapshots(self, wanted: list[FetchPartition]) -> None:
+        try:
+            topics: dict[str, list[dict[str, Any]]] = {}
+            for fp in wanted:
+                topics.setdefault(fp.key[0], []).append({
+                    "partition": fp.key[1], "current_leader_epoch": fp.leader_epoch,
+                    "snapshot_id": {"end_offset": -1, "epoch": -1}, "position": 0})
+            try:
+                conn = self._snapshot_conn
+                if conn is None or conn.closed:
+                    info = self.manager.image.brokers.get(self.leader)
+                    if info is None:
+                        raise ClientError(f"broker {self.leader} is not registered")
+                    conn = BrokerConnection(info.host, info.port, self.leader,
+                                            client_id=f"oncelog-replica-{self.manager.node_id}-snapshots",
+                                            request_timeout_ms=self._timeout_ms,
+                                            connect_timeout_ms=self._timeout_ms)
+                    await conn.connect()
+                    self._snapshot_conn = conn
+                resp = await conn.call(ApiKey.FETCH_SNAPSHOT, {
+                    "replica_id": self.manager.node_id, "max_bytes": 0x7FFFFFFF,
+                    "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()],
+                }, version=FETCH_SNAPSHOT_VERSION)
+            except (ClientError, OSError) as exc:
+                log.warning("producer state from broker %d for %s: %s; retrying", self.leader,
+                            [fp.key for fp in wanted], exc)
+                conn, self._snapshot_conn = self._snapshot_conn, None
+                if conn is not None:
+                    await conn.close()
+                for fp in wanted:
+                    self._back_off(fp)
+                return
+            answers = {(t.name, p.index): p for t in resp.topics for p in t.partitions}
+            for fp in wanted:
+                answer = answers.get(fp.key)
+                if not self._current(fp) or not fp.needs_snapshot or fp.snapshot is not None:
+                    continue
+                self._take_snapshot(fp, answer)
+        except Exception:
+            log.exception("producer state from broker %d failed", self.leader)
+            for fp in wanted:
+                self._back_off(fp)
+        finally:
+            self._snapshot_task = None
+            self._changed.set()
+
+    def _take_snapshot(self, fp: FetchPartition, answer: Any) -> None:
+        topic, index = fp.key
+        code = -1 if answer is None else answer.error_code
+        if code:
+            self.errors[code] += 1
+            log.info("%s-%d: producer state from broker %d: error %d; retrying", topic, index, self.leader, code)
+            self._back_off(fp)
+            return
+        data = bytes(answer.unaligned_records or b"")
+        offset = answer.snapshot_id.end_offset
+        if answer.position != 0 or answer.size != len(data) or offset < 0:
+            log.error("%s-%d: producer state from broker %d arrived incomplete (offset %d, %d of %d bytes from %d)",
+                      topic, index, self.leader, offset, len(data), answer.size, answer.position)
+            self._back_off(fp)
+            return
+        fp.snapshot = LeaderSnapshot(data, offset)
+        log.info("%s-%d: producer state at offset %d from broker %d (%d bytes); log end %d", topic, index,
+                 offset, self.leader, len(data), fp.part.log.log_end_offset)
+        self._install_if_reached(fp)
+
+    def _install_if_reached(self, fp: FetchPartition) -> None:
+        """Install the leader's producer state once this log ends exactly at its offset (not before: the batches
+        up to it would then be counted twice; not after: this replica's own replay would then decide)."""
+        snap = fp.snapshot
+        if snap is None:
+            return
+        topic, index = fp.key
+        plog = fp.part.log
+        if snap.offset < plog.log_start_offset:
+            # The leader deleted past it meanwhile and this log started over above it: ask again.
+            log.info("%s-%d: producer state at %d is below the log start %d; asking again", topic, index,
+                     snap.offset, plog.log_start_offset)
+            fp.snapshot = None
+            self._back_off(fp)
+            return
+        if plog.log_end_offset > snap.offset:
+            # Committed on the leader, so this log holds the leader's batches below it: cut back to it.
+            self._truncate_to(fp, snap.offset)
+        if plog.log_end_offset != snap.offset:
+            return  # fetched up to it first
+        try:
+            fp.part.install_producer_state(snap.data, snap.offset)
+        except (ValueError, KafkaError, OSError) as exc:
+            log.error("%s-%d: installing the producer state of broker %d at %d failed: %s", topic, index,
+                      self.leader, snap.offset, exc)
+            fp.snapshot = None
+            self._back_off(fp)
+            return
+        fp.snapshot, fp.needs_snapshot = None, False
+        log.info("%s-%d: installed the producer state of broker %d at offset %d (%d producers)", topic, index,
+                 self.leader, snap.offset, len(fp.part.producers.entries))
+
     # -- out of range ----------------------------------------------------------------------------------------------
     async def _resolve_out_of_range(self, conn: BrokerConnection) -> None:
         pending = [fp for fp in self.partitions.values() if fp.out_of_range and fp.delay_until <= _monotonic()]
@@ -329,6 +469,10 @@ class SourceFetcher:
                 log.info("%s-%d: log end %d below the leader's log start %d: starting over there", topic, index,
                          plog.log_end_offset, start)
                 self.manager.logs.truncate_fully_and_start_at(topic, index, start)
+                # The producers whose batches were before `start` are not here: the leader's state is needed.
+                fp.needs_snapshot = True
+                if fp.snapshot is not None and fp.snapshot.offset < start:
+                    fp.snapshot = None
             elif plog.log_end_offset > end:
                 self._truncate_to(fp, end)
             fp.out_of_range = False
@@ -386,9 +530,9 @@ class SourceFetcher:
             # The next fetch reports these offsets as durable: wait for the flush round that covers them. Bounded,
             # in case a log goes away meanwhile; a partition still not durable then sits out (see _ready).
             try:
-                await asyncio.wait_for(asyncio.gather(*(
-                    replicas.wait_durable(fp.part.log, fp.part.log.log_end_offset) for fp in appended)),
-                    self._timeout_ms / 1000)
+                async with asyncio.timeout(self._timeout_ms / 1000):
+                    await asyncio.gather(*(
+                        replicas.wait_durable(fp.part.log, fp.part.log.log_end_offset) for fp in appended))
             except TimeoutError:
                 log.warning("fetch from broker %d: flush of %s not done in %d ms", self.leader,
                             [fp.key for fp in appended if fp.part.log.durable_end < fp.part.log.log_end_offset],
@@ -429,6 +573,19 @@ class SourceFetcher:
                     if header.next_offset <= plog.log_end_offset:
                         pos += size  # already here (the read began at the batch containing the offset)
                         continue
+                    snap = fp.snapshot
+                    if snap is not None:
+                        if header.base_offset < snap.offset < header.next_offset:
+                            log.error("%s-%d: batch %d-%d from broker %d spans the offset %d of its producer "
+                                      "state; asking for it again", topic, index, header.base_offset,
+                                      header.next_offset - 1, self.leader, snap.offset)
+                            fp.snapshot = None
+                            self._back_off(fp)
+                            break
+                        if plog.log_end_offset == snap.offset:
+                            self._install_if_reached(fp)  # before the batches after it
+                            if fp.needs_snapshot:
+                                break  # not installed: nothing goes past it
                     if header.magic != 2 or not crc_ok(buf, pos, header):
                         raise KafkaError(ErrorCode.CORRUPT_MESSAGE,
                                          f"{topic}-{index}: corrupt batch at {header.base_offset} from broker "
@@ -441,6 +598,8 @@ class SourceFetcher:
                 if exc.code == ErrorCode.OFFSET_OUT_OF_RANGE:
                     fp.truncating = True  # the leader's log and ours disagree: validate again
                 self._back_off(fp)
+        if fp.snapshot is not None:
+            self._install_if_reached(fp)
         if p.log_start_offset > plog.log_start_offset:
             try:
                 # Checkpointed before the next fetch reports it (§4.7).

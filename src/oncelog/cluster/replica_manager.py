@@ -16,7 +16,11 @@ caught up (Kafka's lastCaughtUpTimeMs). From them:
 - the ISR shrinks when a follower was not caught up for replica.lag.time.max.ms and expands when a follower
   reaches the high watermark and the start of the current epoch (§4.5): both a CAS on the state znode through the
   metadata store; a failed CAS means someone else wrote, and the watch brings what they wrote;
-- the log start offset clients are told is the minimum over the ISR's persisted log starts (§4.7).
+- the log start offset clients are told is the minimum over the ISR's persisted log starts (§4.7);
+- a follower whose log started over (it fetched below the log start) lacks the producers whose batches were
+  deleted: it takes this leader's producer-state snapshot (`producer_snapshot`, served only once the offset it
+  describes is committed) and joins the ISR only once its fetch offset passed that offset, i.e. after it
+  installed it (§4.7). One that was in the ISR leaves it at once.
 
 Runs on the event loop; the image calls `on_image_delta` there. No kazoo here: the store's writes and lease come
 in as callables.
@@ -29,6 +33,7 @@ import dataclasses
 import heapq
 import itertools
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -49,6 +54,8 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
+NO_SNAPSHOT = -1  # FollowerState.snapshot_offset: this follower never needed the producer-state snapshot
+SNAPSHOT_NEEDED = sys.maxsize  # ... it needs one and has not asked for it yet
 
 
 class Role(Enum):
@@ -88,6 +95,9 @@ class FollowerState:
     last_caught_up_ms: int = 0
     last_fetch_leader_end: int = -1  # the leader's log end offset at the follower's previous fetch
     last_fetch_ms: int = 0
+    # The offset of the producer-state snapshot served to it, which its fetch offset must pass before it may
+    # join the ISR (it installs the snapshot on reaching it); NO_SNAPSHOT, or SNAPSHOT_NEEDED until it asks.
+    snapshot_offset: int = NO_SNAPSHOT
 
 
 @dataclass(slots=True, eq=False)
@@ -110,6 +120,7 @@ class Replica:
     followers: dict[int, FollowerState] = field(default_factory=dict)
     acks: list[tuple[int, int, asyncio.Future]] = field(default_factory=list)  # heap of (end offset, seq, future)
     log_start_waits: list[tuple[int, int, asyncio.Future]] = field(default_factory=list)
+    commit_waits: list[tuple[int, int, asyncio.Future]] = field(default_factory=list)  # high watermark waits
     isr_write: asyncio.Task | None = None
 
     @property
@@ -123,6 +134,22 @@ class Replica:
 
 def _ms() -> int:
     return int(time.time() * 1000)
+
+
+async def _wait(future: asyncio.Future, timeout_ms: int) -> bool:
+    """Wait for a waiter's future (its result or exception) for at most `timeout_ms`; False on timeout, the
+    future then cancelled so whoever completes waiters skips it. asyncio.timeout rather than wait_for: on Python
+    3.11, wait_for can swallow a cancellation of the caller that races with the future's completion."""
+    try:
+        async with asyncio.timeout(max(timeout_ms, 0) / 1000):
+            await asyncio.shield(future)
+        return True
+    except TimeoutError:
+        if future.done():  # completed in the same instant: its outcome stands
+            future.result()
+            return True
+        future.cancel()
+        return False
 
 
 class ReplicaManager:
@@ -159,6 +186,10 @@ class ReplicaManager:
         self._flusher = flusher
         self._now_ms = now_ms
         self._lag_max_ms: int = config["replica.lag.time.max.ms"]
+        # How long a producer-state snapshot waits for its offset to be committed: normally one follower round
+        # trip; an ISR member that stopped fetching holds it until it is shrunk out. Well inside the follower's
+        # request timeout (replica.socket.timeout.ms), so it gets an answer (REQUEST_TIMED_OUT: ask again).
+        self.snapshot_wait_ms: int = config["replica.socket.timeout.ms"] // 2
         self.replicas: dict[Key, Replica] = {}
         self._by_log: dict[int, Replica] = {}  # id(PartitionLog) -> replica, for flush callbacks
         self._durable_waits: dict[int, list[tuple[int, int, asyncio.Future]]] = {}
@@ -471,14 +502,10 @@ class ReplicaManager:
             return
         future = asyncio.get_running_loop().create_future()
         heapq.heappush(rep.acks, (end_offset, next(self._seq), future))
-        try:
-            await asyncio.wait_for(asyncio.shield(future), max(timeout_ms, 0) / 1000)
-        except TimeoutError:
-            if not future.done():
-                future.cancel()
+        if not await _wait(future, timeout_ms):
             raise KafkaError(ErrorCode.REQUEST_TIMED_OUT,
                              f"{rep.name}: offset {end_offset - 1} was not replicated to the ISR "
-                             f"{list(rep.isr)} within {timeout_ms} ms") from None
+                             f"{list(rep.isr)} within {timeout_ms} ms")
 
     def _check_isr_after_append(self, rep: Replica) -> None:
         if len(rep.isr) < self.min_insync_replicas(rep):
@@ -487,10 +514,17 @@ class ReplicaManager:
                              f"{self.min_insync_replicas(rep)}")
 
     def _complete_acks(self, rep: Replica) -> None:
-        heap = rep.acks
-        if not heap or not self._lease.lease_valid():
+        if not (rep.acks or rep.commit_waits) or not self._lease.lease_valid():
             return
         hw = rep.part.log.high_watermark
+        commits = rep.commit_waits
+        while commits and commits[0][0] <= hw:
+            future = heapq.heappop(commits)[2]
+            if not future.done():
+                future.set_result(None)
+        heap = rep.acks
+        if not heap:
+            return
         error: KafkaError | None = None
         try:
             self._check_isr_after_append(rep)
@@ -512,14 +546,11 @@ class ReplicaManager:
             return start
         future = asyncio.get_running_loop().create_future()
         heapq.heappush(rep.log_start_waits, (offset, next(self._seq), future))
-        try:
-            return await asyncio.wait_for(asyncio.shield(future), max(timeout_ms, 0) / 1000)
-        except TimeoutError:
-            if not future.done():
-                future.cancel()
+        if not await _wait(future, timeout_ms):
             raise KafkaError(ErrorCode.REQUEST_TIMED_OUT,
                              f"{rep.name}: the replicas did not delete records before {offset} within "
-                             f"{timeout_ms} ms") from None
+                             f"{timeout_ms} ms")
+        return future.result()
 
     def _complete_log_start_waits(self, rep: Replica) -> None:
         heap = rep.log_start_waits
@@ -531,8 +562,47 @@ class ReplicaManager:
             if not future.done():
                 future.set_result(start)
 
+    async def producer_snapshot(self, rep: Replica, replica_id: int) -> tuple[bytes, int, int]:
+        """FetchSnapshot from the follower `replica_id` (§4.7): (this leader's producer state in the snapshot
+        format, the log end offset L it describes, the leader epoch it was taken at).
+
+        Taken at once, answered once L is committed (high watermark >= L under a valid lease, as acks=all): a
+        state that counted batches a later leader could cut would make the follower answer retries of lost
+        batches as duplicates. From now on the follower joins the ISR only once its fetch offset passed L
+        (it installs the state when its log reaches L, before fetching further). KafkaError:
+        NOT_LEADER_OR_FOLLOWER (not leading, not a replica, or the leadership moved meanwhile),
+        REQUEST_TIMED_OUT (L not committed within `snapshot_wait_ms`: the follower asks again)."""
+        if rep.role is not Role.LEADER:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{rep.name}: not the leader")
+        f = rep.followers.get(replica_id)
+        if f is None:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{rep.name}: broker {replica_id} is not a replica")
+        epoch = rep.leader_epoch
+        data, offset = rep.part.export_producer_state()
+        f.snapshot_offset = offset if f.snapshot_offset in (NO_SNAPSHOT, SNAPSHOT_NEEDED) else \
+            max(f.snapshot_offset, offset)
+        await self.wait_committed(rep, offset, self.snapshot_wait_ms)
+        if rep.role is not Role.LEADER or rep.leader_epoch != epoch:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{rep.name}: the leadership moved")
+        log.info("%s: producer state of %d producers at offset %d served to broker %d", rep.name,
+                 len(rep.part.producers.entries), offset, replica_id)
+        return data, offset, epoch
+
+    async def wait_committed(self, rep: Replica, offset: int, timeout_ms: int) -> None:
+        """Return once the high watermark reached `offset` while the lease was valid; KafkaError
+        REQUEST_TIMED_OUT after `timeout_ms`, NOT_LEADER_OR_FOLLOWER if the leadership goes meanwhile."""
+        if rep.role is not Role.LEADER:
+            raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{rep.name}: not the leader any more")
+        if rep.part.log.high_watermark >= offset and self._lease.lease_valid():
+            return
+        future = asyncio.get_running_loop().create_future()
+        heapq.heappush(rep.commit_waits, (offset, next(self._seq), future))
+        if not await _wait(future, timeout_ms):
+            raise KafkaError(ErrorCode.REQUEST_TIMED_OUT,
+                             f"{rep.name}: offset {offset} was not committed within {timeout_ms} ms")
+
     def _fail_waiters(self, rep: Replica, code: ErrorCode, message: str) -> None:
-        for heap in (rep.acks, rep.log_start_waits):
+        for heap in (rep.acks, rep.log_start_waits, rep.commit_waits):
             while heap:
                 future = heapq.heappop(heap)[2]
                 if not future.done():
@@ -562,6 +632,16 @@ class ReplicaManager:
         if fetch_offset > leo:
             return ErrorCode.NONE  # the read answers OFFSET_OUT_OF_RANGE; nothing to learn from it
         now = self._now_ms()
+        if fetch_offset < plog.log_start_offset:
+            # The read answers OFFSET_OUT_OF_RANGE and the follower starts over at the log start: the producers
+            # whose batches were deleted will be missing there until it installs this leader's snapshot
+            # (§4.7). An ISR member asking this has lost what it had (a wiped disk): it leaves the ISR now.
+            f.snapshot_offset = SNAPSHOT_NEEDED
+            f.fetch_offset, f.last_caught_up_ms = fetch_offset, 0
+            f.last_fetch_leader_end, f.last_fetch_ms = leo, now
+            if replica_id in rep.isr:
+                self._maybe_shrink_isr(rep, now)
+            return ErrorCode.NONE
         if fetch_offset >= leo:
             f.last_caught_up_ms = max(f.last_caught_up_ms, now)
         elif fetch_offset >= f.last_fetch_leader_end:
@@ -604,6 +684,8 @@ class ReplicaManager:
         plog = rep.part.log
         if f.fetch_offset < plog.high_watermark or f.fetch_offset < rep.epoch_start_offset:
             return
+        if f.fetch_offset < f.snapshot_offset:
+            return  # it has not installed the producer state it lacks (§4.7)
         if not self._lease.lease_valid():
             return
         self._write_isr(rep, (*rep.isr, replica_id), f"broker {replica_id} caught up at {f.fetch_offset}")

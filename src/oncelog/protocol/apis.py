@@ -47,6 +47,7 @@ class ApiKey(IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    FETCH_SNAPSHOT = 59  # inter-broker only: a follower takes its leader's producer state (docs/cluster.md §4.7)
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
@@ -102,6 +103,7 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.ALTER_PARTITION_REASSIGNMENTS, 0, 1, 0),
         ApiSpec(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, 0, 0),
         ApiSpec(ApiKey.OFFSET_DELETE, 0, 0, -1),
+        ApiSpec(ApiKey.FETCH_SNAPSHOT, 0, 0, 0),
         ApiSpec(ApiKey.DESCRIBE_CLUSTER, 0, 1, 0),
         ApiSpec(ApiKey.DESCRIBE_PRODUCERS, 0, 0, 0),
         ApiSpec(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0, 0),

@@ -10,7 +10,9 @@ to the snapshot's offset, so a snapshot never describes data a crash can take ba
 For replication a partition also keeps its leader-epoch cache, and offers what a
 follower does to its storage: truncate (rebuilding producer state and the aborted-
 transaction index for what remains), start over at another offset, follow the leader's
-log start offset, and take over a leader's producer state (seed 000).
+log start offset, and take over a leader's producer state (seed 000). A log that started
+over holds the marker file `producer-state-incomplete` until it has taken over a leader's
+producer state, so a restart in between still knows its producers are not all there.
 """
 
 from __future__ import annotations
@@ -24,13 +26,17 @@ from ..errors import ErrorCode, KafkaError
 from ..records.batch import BatchHeader, read_header, set_leader_epoch
 from ..records.control import ControlRecordError, build_marker, parse_marker
 from ..records.reader import Batch, iter_batches, read_batches
-from .checkpoints import CorruptCheckpointError
+from .checkpoints import CorruptCheckpointError, atomic_write, fsync_dir
 from .leader_epochs import LeaderEpochCache
 from .partition_log import PartitionLog
 from .producer_state import ProducerStateManager
 from .txn_index import AbortedTxn, TxnIndex
 
 log = logging.getLogger(__name__)
+
+# Present while this replica's producer state lacks what its leader knows: its log started over (a new replica, a
+# lost disk, a follower left behind the leader's log start) and no leader's state was installed since.
+PRODUCER_STATE_INCOMPLETE_FILE = "producer-state-incomplete"
 
 
 @dataclass(slots=True)
@@ -238,8 +244,13 @@ class Partition:
         """Cut the log at `offset` (whole batches: see `PartitionLog.truncate_to`) and rebuild what derives from
         it: producer state from the newest snapshot at or below the new end plus a replay (snapshots above it
         are dropped), the aborted-transaction index likewise, and the leader epochs that start at or after the
-        new end. Returns the new log end offset. The caller checkpoints (`LogManager.truncate_to`)."""
+        new end. A cut below the first segment starts the log over there: the producer state is then marked
+        incomplete, as by `truncate_fully_and_start_at`. Returns the new log end offset. The caller
+        checkpoints (`LogManager.truncate_to`)."""
         before = self.log.log_end_offset
+        segments = self.log.segments
+        if offset < before and segments and offset < segments[0].base_offset:
+            atomic_write(self._incomplete_path, str(offset).encode())
         end = self.log.truncate_to(offset)
         self.leader_epochs.truncate_from_end(end)  # also without a cut: an epoch assigned at the old end
         if end < before:
@@ -248,7 +259,10 @@ class Partition:
 
     def truncate_fully_and_start_at(self, offset: int, now_ms: int) -> None:
         """Empty the log and start it at `offset`, with no producer state, no aborted transactions and no
-        leader epochs (`install_producer_state` gives it a leader's producers)."""
+        leader epochs (`install_producer_state` gives it a leader's producers). The producer state is marked
+        incomplete first, durably (`producer_state_incomplete`), so a crash before the install cannot pass
+        for a replica that has it all. OSError if the mark cannot be written (nothing was truncated)."""
+        atomic_write(self._incomplete_path, str(offset).encode())
         self.log.truncate_fully_and_start_at(offset)
         self.producers.delete_snapshots()
         self.leader_epochs.clear()
@@ -274,8 +288,9 @@ class Partition:
         This log must end exactly at `offset`: emptied and started there (`truncate_fully_and_start_at`), or
         replicated up to exactly there. Installing state of a later offset and then replaying the batches in
         between would count them twice (a marker would close the wrong transaction); ValueError otherwise, and
-        for damaged bytes. The state is snapshotted (the log synced first) before returning, so a restart keeps
-        it; KafkaError or OSError if that fails."""
+        for damaged bytes. The state is snapshotted (the log synced first) and the incomplete mark of
+        `truncate_fully_and_start_at` removed before returning, so a restart keeps it; KafkaError or OSError if
+        that fails."""
         if offset != self.log.log_end_offset:
             raise ValueError(f"{self.name}: producer state of offset {offset} cannot be installed on a log that "
                              f"ends at {self.log.log_end_offset}")
@@ -284,6 +299,19 @@ class Partition:
         self.log.sync_now()
         self.txn_index.sync()
         self.producers.write_snapshot(offset)
+        if self.producer_state_incomplete:
+            os.unlink(self._incomplete_path)
+            fsync_dir(self.log.directory)
+
+    @property
+    def producer_state_incomplete(self) -> bool:
+        """True from a `truncate_fully_and_start_at` until the next `install_producer_state`, across restarts:
+        producers whose batches all lie before this log's start are missing here (docs/cluster.md §4.7)."""
+        return os.path.exists(self._incomplete_path)
+
+    @property
+    def _incomplete_path(self) -> str:
+        return os.path.join(self.log.directory, PRODUCER_STATE_INCOMPLETE_FILE)
 
     # -- lookups by time -------------------------------------------------------------------------------
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:

@@ -349,6 +349,91 @@ def test_log_start_answered_is_the_isrs_minimum(cluster):
     c.run(scenario())
 
 
+def test_a_follower_that_started_over_joins_the_isr_only_after_the_producer_state(cluster):
+    """§4.7: a follower fetching below the log start starts over there and lacks the producers whose batches were
+    deleted; it joins the ISR only once its fetch offset passed the offset of the producer state it was served
+    (the follower installs it there before fetching further)."""
+    c = cluster
+    r = rep(c)
+    plog = r.part.log
+
+    async def scenario():
+        c.set_state(ME, 5, (ME, B2))  # broker 3 is a new replica, not in the ISR
+        append(c, 4)
+        c.rm.follower_fetch(r, B2, 4, 0)
+        assert plog.high_watermark == 4 and plog.delete_records_before(4) == 4
+        assert c.rm.follower_fetch(r, B3, 0, 0) == ErrorCode.NONE  # below the log start: it starts over
+        c.rm.follower_fetch(r, B3, 4, 4)  # at the high watermark, but without the producer state
+        await asyncio.sleep(0.01)
+        assert r.isr == (ME, B2) and c.store.writes == []
+        # It asks for the state: taken at the log end (4), committed, served at once.
+        data, offset, epoch = await c.rm.producer_snapshot(r, B3)
+        assert (offset, epoch) == (4, 5) and data == r.part.producers.export_state()
+        append(c, 1)
+        c.rm.follower_fetch(r, B2, 5, 4)
+        c.rm.follower_fetch(r, B3, 4, 4)  # at the state's offset: it installs before fetching further...
+        await asyncio.sleep(0.01)
+        assert r.isr == (ME, B2)
+        c.rm.follower_fetch(r, B3, 5, 4)  # ...so a fetch past it means installed, and caught up: in
+        await asyncio.sleep(0.01)
+        assert r.isr == (ME, B2, B3)
+
+    c.run(scenario())
+
+
+def test_the_producer_state_is_served_once_its_offset_is_committed(cluster):
+    c = cluster
+    r = rep(c)
+    plog = r.part.log
+
+    async def scenario():
+        append(c, 3)
+        c.rm.follower_fetch(r, B2, 3, 0)
+        waiter = asyncio.ensure_future(c.rm.producer_snapshot(r, B3))
+        await asyncio.sleep(0.01)
+        assert not waiter.done()  # broker 3 is in the ISR and has not fetched: 3 is not committed
+        c.rm.follower_fetch(r, B3, 3, 0)
+        assert plog.high_watermark == 3
+        assert (await asyncio.wait_for(waiter, 5))[1:] == (3, 5)
+        # Not a replica; not in time; the leadership moves while it waits.
+        with pytest.raises(KafkaError) as info:
+            await c.rm.producer_snapshot(r, 7)
+        assert info.value.code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+        append(c, 1)
+        c.rm.snapshot_wait_ms = 50
+        with pytest.raises(KafkaError) as info:
+            await c.rm.producer_snapshot(r, B3)
+        assert info.value.code == ErrorCode.REQUEST_TIMED_OUT
+        c.rm.snapshot_wait_ms = 10_000
+        waiter = asyncio.ensure_future(c.rm.producer_snapshot(r, B3))
+        await asyncio.sleep(0.01)
+        c.set_state(B2, 6, (B2, B3))
+        with pytest.raises(KafkaError) as info:
+            await asyncio.wait_for(waiter, 5)
+        assert info.value.code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+    c.run(scenario())
+
+
+def test_an_isr_member_fetching_below_the_log_start_leaves_the_isr_at_once(cluster):
+    """A follower asking for an offset below the log start has lost its log (a wiped disk, restarted faster than
+    the controller noticed): it is not what the ISR stands for any more."""
+    c = cluster
+    r = rep(c)
+    plog = r.part.log
+
+    async def scenario():
+        append(c, 4)
+        c.rm.follower_fetch(r, B2, 4, 0)
+        c.rm.follower_fetch(r, B3, 4, 0)
+        assert plog.delete_records_before(2) == 2
+        c.rm.follower_fetch(r, B3, 0, 0)
+        await asyncio.sleep(0.01)
+        assert [w.isr for w in c.store.writes] == [(ME, B2)] and r.isr == (ME, B2)
+
+    c.run(scenario())
+
+
 def test_not_a_replica_any_more(cluster):
     c = cluster
     part = c.logs.get_partition(T, 0)

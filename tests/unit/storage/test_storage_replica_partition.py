@@ -282,6 +282,27 @@ def test_install_needs_a_log_ending_at_the_exported_offset(partition, tmp_path):
     assert replica.producers.entries == {}
 
 
+def test_a_log_that_started_over_is_marked_until_a_leaders_state_is_installed(partition, tmp_path):
+    """The mark survives a restart: a replica that crashed between starting over and installing knows its
+    producer state is not complete (the replica fetcher asks its leader again)."""
+    leader = partition()
+    fill(leader, 6)
+    snapshot, offset = leader.export_producer_state()
+    replica = new_replica(partition, tmp_path)
+    assert not replica.producer_state_incomplete
+    replica.truncate_fully_and_start_at(offset, NOW)
+    assert replica.producer_state_incomplete
+    replica.close()
+    replica = partition(directory=tmp_path / "replica-0", clean=True, log_start_offset=offset)
+    assert replica.producer_state_incomplete
+    replica.install_producer_state(snapshot, offset)
+    assert not replica.producer_state_incomplete
+    # A cut below the first segment starts the log over too.
+    put(replica, PID + 1, 0, 2)
+    replica.truncate_to(offset - 1, NOW)
+    assert replica.producer_state_incomplete and replica.log.log_end_offset == offset - 1
+
+
 # -- advance_log_start -----------------------------------------------------------------------------------
 def test_advance_log_start_keeps_producers_and_trims_leader_epochs(partition):
     part = partition(segment_bytes=400, fsync=False)

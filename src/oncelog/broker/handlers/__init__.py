@@ -12,6 +12,7 @@ from . import (
     cluster,
     configs,
     fetch,
+    fetch_snapshot,
     groups,
     leader_epochs,
     leadership,
@@ -67,4 +68,5 @@ HANDLERS = {
 
 INTERNAL_HANDLERS = {
     ApiKey.CONTROLLED_SHUTDOWN: leadership.handle_controlled_shutdown,
+    ApiKey.FETCH_SNAPSHOT: fetch_snapshot.handle,
 }
