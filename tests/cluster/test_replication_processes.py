@@ -219,3 +219,109 @@ def test_consumers_validate_their_position_with_the_new_leader(brokers):
     assert read["librdkafka"] == want
     asked = metric(scrape(brokers[new.leader].metrics_port), "oncelog_requests_total", api="OFFSET_FOR_LEADER_EPOCH")
     assert asked >= 2  # both consumers validated with the new leader
+
+
+# -- a replica whose log starts over takes the leader's producer state (docs/cluster.md §4.7, seed 000) ----------
+def init_producer(bootstrap: str) -> tuple[int, int]:
+    from kafka.protocol.producer import InitProducerIdRequest
+
+    from tests.support.wire import Wire
+
+    with Wire(bootstrap, timeout=WAIT_S) as w:
+        resp = w.request(InitProducerIdRequest[4](transactional_id=None, transaction_timeout_ms=60000,
+                                                  producer_id=-1, producer_epoch=-1), 4)
+    assert resp.error_code == 0, resp
+    return resp.producer_id, resp.producer_epoch
+
+
+def produce_to(bootstrap: str, values: list[bytes], pid: int = -1, epoch: int = -1, seq: int = -1,
+               acks: int = -1) -> tuple[int, int]:
+    from oncelog.records.builder import build_batch
+    from tests.integration.helpers import produce_raw
+    from tests.support.wire import Wire
+
+    batch = build_batch([(None, v, (), int(time.time() * 1000)) for v in values], producer_id=pid,
+                        producer_epoch=epoch, base_sequence=seq)
+    with Wire(bootstrap, timeout=WAIT_S) as w:
+        part = produce_raw(w, TOPIC, 0, batch, acks=acks, timeout_ms=int(WAIT_S * 1000))
+    return part.error_code, part.base_offset
+
+
+def write_then_delete(bootstrap: str) -> tuple[int, int, list[tuple[list[bytes], int, int]]]:
+    """An idempotent producer writes four batches (offsets 0-7), a plain producer one more (8-9), and
+    DeleteRecords removes everything before 8: the producer's batches are gone from every replica's log."""
+    from kafka.protocol.admin import DeleteRecordsRequest
+
+    from tests.support.wire import Wire
+
+    pid, epoch = init_producer(bootstrap)
+    sent = []
+    for i in range(4):
+        records = [b"p%d-%d" % (i, j) for j in range(2)]
+        assert produce_to(bootstrap, records, pid, epoch, 2 * i) == (0, 2 * i)
+        sent.append((records, 2 * i, 2 * i))
+    assert produce_to(bootstrap, [b"plain-1", b"plain-2"]) == (0, 8)
+    req = DeleteRecordsRequest[2]
+    with Wire(bootstrap, timeout=WAIT_S) as w:
+        resp = w.request(req(topics=[req.DeleteRecordsTopic(name=TOPIC, partitions=[
+            req.DeleteRecordsTopic.DeleteRecordsPartition(partition_index=0, offset=8)])],
+            timeout_ms=int(WAIT_S * 1000)), 2)
+    (p,) = resp.topics[0].partitions
+    assert (p.error_code, p.low_watermark) == (0, 8)
+    return pid, epoch, sent
+
+
+def answers_as_the_old_leader(bootstrap: str, pid: int, epoch: int, sent) -> None:
+    """Kafka's new replica rebuilds producer state from its log alone: it would answer UNKNOWN_PRODUCER_ID to the
+    producer's next batch, and append a retry of sequence 0 again."""
+    for records, seq, base in sent:
+        assert produce_to(bootstrap, records, pid, epoch, seq) == (0, base)  # retries: their original offsets
+    assert produce_to(bootstrap, [b"next"], pid, epoch, 8) == (0, 10)  # same epoch, next sequence: accepted
+
+
+def test_a_replica_added_by_reassignment_knows_a_producer_whose_records_were_deleted(brokers):
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import TopicPartition as KpTopicPartition
+
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    admin.create_topics([NewTopic(TOPIC, num_partitions=1, replica_assignment=[[1, 2]])])[TOPIC].result(WAIT_S)
+    wait_for(lambda: (p := partition_info(brokers)).leader == 1 and sorted(p.isrs) == [1, 2], "leader 1, ISR 1 2")
+    pid, epoch, sent = write_then_delete(brokers[1].bootstrap)
+    # The partition moves to broker 3 alone, through the admin API: broker 3 is added, copies the log from the
+    # log start (8) with the producer state, joins the ISR, takes the leadership; brokers 1 and 2 are removed.
+    kp_admin = KafkaAdminClient(bootstrap_servers=bootstrap(brokers))
+    try:
+        kp_admin.alter_partition_reassignments({KpTopicPartition(TOPIC, 0): [3]})
+    finally:
+        kp_admin.close()
+    wait_for(lambda: (p := partition_info(brokers)).leader == 3 and p.replicas == [3] and p.isrs == [3],
+             "broker 3 to hold the partition alone")
+    answers_as_the_old_leader(brokers[3].bootstrap, pid, epoch, sent)
+
+
+def test_a_replica_restarted_with_a_wiped_data_directory_knows_the_producer_again(brokers):
+    import shutil
+
+    from kafka.admin import KafkaAdminClient
+    from kafka.structs import TopicPartition as KpTopicPartition
+
+    admin = AdminClient({"bootstrap.servers": bootstrap(brokers)})
+    admin.create_topics([NewTopic(TOPIC, num_partitions=1, replica_assignment=[[1, 2, 3]])])[TOPIC].result(WAIT_S)
+    wait_for(lambda: (p := partition_info(brokers)).leader == 1 and len(p.isrs) == 3, "leader 1, full ISR")
+    pid, epoch, sent = write_then_delete(brokers[1].bootstrap)
+    # Broker 3 loses its disk: SIGKILL, its data directory gone, started again empty. It returns to the ISR
+    # (with the producer state), then becomes the leader by a reordered assignment and a preferred election.
+    brokers[3].kill()
+    shutil.rmtree(brokers[3].data_dir)
+    wait_for(lambda: 3 not in partition_info(brokers).isrs, "broker 3 out of the ISR")
+    brokers[3].start(timeout=WAIT_S)
+    wait_for(lambda: len(partition_info(brokers).isrs) == 3, "broker 3 back in the ISR")
+    kp_admin = KafkaAdminClient(bootstrap_servers=bootstrap(brokers))
+    try:
+        kp_admin.alter_partition_reassignments({KpTopicPartition(TOPIC, 0): [3, 1, 2]})
+        wait_for(lambda: partition_info(brokers).replicas == [3, 1, 2], "the new replica order")
+        kp_admin.elect_leaders(0, {TOPIC: [0]})
+    finally:
+        kp_admin.close()
+    wait_for(lambda: partition_info(brokers).leader == 3, "broker 3 to lead")
+    answers_as_the_old_leader(brokers[3].bootstrap, pid, epoch, sent)
