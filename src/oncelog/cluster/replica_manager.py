@@ -581,6 +581,10 @@ class ReplicaManager:
         data, offset = rep.part.export_producer_state()
         f.snapshot_offset = offset if f.snapshot_offset in (NO_SNAPSHOT, SNAPSHOT_NEEDED) else \
             max(f.snapshot_offset, offset)
+        if replica_id in rep.isr:
+            # It says it lacks producer state (restarted from a log that started over, faster than the
+            # controller took it out): not in sync, and the commit below must not wait for its fetches.
+            self._maybe_shrink_isr(rep, self._now_ms())
         await self.wait_committed(rep, offset, self.snapshot_wait_ms)
         if rep.role is not Role.LEADER or rep.leader_epoch != epoch:
             raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{rep.name}: the leadership moved")
@@ -674,8 +678,8 @@ class ReplicaManager:
 
     def _caught_up(self, rep: Replica, replica_id: int, now: int) -> bool:
         f = rep.followers.get(replica_id)
-        if f is None:
-            return False
+        if f is None or f.fetch_offset < f.snapshot_offset:
+            return False  # not a replica, or it lacks the producer state (§4.7)
         return f.fetch_offset >= rep.part.log.log_end_offset or now - f.last_caught_up_ms <= self._lag_max_ms
 
     def _maybe_expand_isr(self, rep: Replica, replica_id: int, f: FollowerState) -> None:

@@ -387,12 +387,12 @@ def test_the_producer_state_is_served_once_its_offset_is_committed(cluster):
     plog = r.part.log
 
     async def scenario():
+        c.set_state(ME, 5, (ME, B2))  # broker 3 is a new replica
         append(c, 3)
-        c.rm.follower_fetch(r, B2, 3, 0)
         waiter = asyncio.ensure_future(c.rm.producer_snapshot(r, B3))
         await asyncio.sleep(0.01)
-        assert not waiter.done()  # broker 3 is in the ISR and has not fetched: 3 is not committed
-        c.rm.follower_fetch(r, B3, 3, 0)
+        assert not waiter.done()  # broker 2 has not fetched: 3 is not committed
+        c.rm.follower_fetch(r, B2, 3, 0)
         assert plog.high_watermark == 3
         assert (await asyncio.wait_for(waiter, 5))[1:] == (3, 5)
         # Not a replica; not in time; the leadership moves while it waits.
@@ -411,6 +411,25 @@ def test_the_producer_state_is_served_once_its_offset_is_committed(cluster):
         with pytest.raises(KafkaError) as info:
             await asyncio.wait_for(waiter, 5)
         assert info.value.code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+
+    c.run(scenario())
+
+
+def test_an_isr_member_asking_for_the_producer_state_leaves_the_isr(cluster):
+    """One that restarted from a log that started over (faster than the controller noticed) says so by asking:
+    it is out of the ISR, so the commit its answer waits for does not wait for its own fetches."""
+    c = cluster
+    r = rep(c)
+
+    async def scenario():
+        append(c, 3)
+        c.rm.follower_fetch(r, B2, 3, 0)
+        c.rm.follower_fetch(r, B3, 1, 0)
+        answer = await asyncio.wait_for(c.rm.producer_snapshot(r, B3), 5)
+        assert answer[1] == 3 and r.isr == (ME, B2) and [w.isr for w in c.store.writes] == [(ME, B2)]
+        c.rm.follower_fetch(r, B3, 3, 0)  # installed at 3, caught up: back
+        await asyncio.sleep(0.01)
+        assert r.isr == (ME, B2, B3)
 
     c.run(scenario())
 
