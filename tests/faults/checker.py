@@ -19,6 +19,8 @@ Consumer groups (members log `assign` at each assignment, `read`s tagged with th
   acknowledged before that assignment (the coordinator forgot an acknowledged OffsetCommit).
 - group skip: an offset below the group's final committed offset that no member of the group ever read (members
   commit only what they read, so the group skipped records: at-least-once broken).
+Clusters (filled in by the cluster runner from the replicas' segment files, tests/faults/replicas.py):
+- replica divergence: two replicas of a partition hold different batches at one offset.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 ANOMALIES = (
     "lost_writes", "duplicates", "aborted_reads", "uncommitted_reads", "reordering", "nonmonotonic_polls",
     "inconsistent_offsets", "phantoms", "hanging_transactions", "lost_commits", "group_skips",
+    "replica_divergence",
 )
 
 

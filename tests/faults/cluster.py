@@ -38,12 +38,15 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncelog.cluster.coordination_service import Ensemble
 from oncelog.coordinator.partitioning import partition_for
 from oncelog.embedded import ClusterProcess
+from tests.faults.checker import Report
 from tests.faults.proxy import FaultProxy
+from tests.faults.replicas import divergences
 from tests.faults.runner import BROKER_SETTINGS, GROUP, PARTITIONS, WORKLOADS, Run
 
 BROKERS = 3
@@ -228,13 +231,35 @@ class ClusterRun(Run):
 
     def start(self) -> None:
         self.cluster.start()
-        admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap})
-        futures = admin.create_topics([NewTopic(t, PARTITIONS, BROKERS, config={"min.insync.replicas": "2"})
-                                       for t in self.topics])
-        for future in futures.values():
-            future.result(60)
+        self._create_topics()
         self._wait_in_sync("topics created")
         self.spawn_workers()
+
+    def _create_topics(self) -> None:
+        """The workload's topics at RF 3. The controller may not see every registered broker yet (each broker's
+        image follows ZooKeeper by its own watches, docs/cluster.md §6): INVALID_REPLICATION_FACTOR is asked
+        again until the cluster converges."""
+        admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap})
+        missing = list(self.topics)
+        deadline = time.monotonic() + converge_s()
+        while missing:
+            futures = admin.create_topics([NewTopic(t, PARTITIONS, BROKERS, config={"min.insync.replicas": "2"})
+                                           for t in missing])
+            again = []
+            for topic, future in futures.items():
+                try:
+                    future.result(60)
+                except KafkaException as exc:
+                    code = exc.args[0].code()
+                    if code == KafkaError.TOPIC_ALREADY_EXISTS:
+                        continue
+                    if code != KafkaError.INVALID_REPLICATION_FACTOR or time.monotonic() > deadline:
+                        raise
+                    self.nemesis_log.log("info", error=f"creating {topic}: {exc.args[0].str()}; again")
+                    again.append(topic)
+            missing = again
+            if missing:
+                time.sleep(0.5)
 
     def _wait_in_sync(self, when: str) -> None:
         """Until every partition of the workload's topics has a leader and its whole ISR (bounded); a cluster
@@ -352,6 +377,20 @@ class ClusterRun(Run):
     def heal(self) -> None:
         self.cluster.heal()
         self._wait_in_sync("after the heal")
+
+    def finish(self) -> dict[str, Report]:
+        """The runner's checks, then the replicas compared on disk once the workers are done and every replica
+        is back in the ISR."""
+        reports = super().finish()
+        self._wait_in_sync("after the workers")
+        for topic in self.topics:
+            for partition in range(PARTITIONS):
+                dirs = {node: self.cluster.directory / f"broker-{node}" / f"{topic}-{partition}"
+                        for node in self.cluster.nodes}
+                found = divergences(dirs)
+                reports[topic].anomalies["replica_divergence"].extend(
+                    {"partition": partition, **d} for d in found)
+        return reports
 
     def stop(self) -> None:
         for w in self.workers:

@@ -157,7 +157,8 @@ def test_hanging_transaction(stuck_for, expect):
 
 def test_every_anomaly_has_a_test():
     tested = {"lost_writes", "duplicates", "aborted_reads", "uncommitted_reads", "reordering",
-              "nonmonotonic_polls", "inconsistent_offsets", "phantoms", "hanging_transactions", "lost_commits", "group_skips"}
+              "nonmonotonic_polls", "inconsistent_offsets", "phantoms", "hanging_transactions", "lost_commits", "group_skips",
+              "replica_divergence"}  # the last one: test_replicas.py
     assert tested == set(ANOMALIES)
 
 

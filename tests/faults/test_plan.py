@@ -38,3 +38,15 @@ def test_twenty_runs_put_every_nemesis_alone_and_the_whole_matrix_meets_every_pa
 def test_unknown_workload_is_refused():
     with pytest.raises(SystemExit, match="unknown workloads"):
         usable_workloads(["idempotent", "nope"])
+
+
+def test_cluster_runs_cover_both_workloads_with_both_clients_then_every_cluster_nemesis_alone():
+    from tests.faults.runner import CLUSTER_NEMESES, CLUSTER_WORKLOADS, usable_nemeses
+
+    runs = plan(4 + len(CLUSTER_NEMESES), list(CLUSTER_WORKLOADS), list(CLUSTER_NEMESES), ["confluent", "oncelog"])
+    assert {(w, c) for w, n, c in runs[:4]} == {(w, c) for w in ("idempotent", "consumer")
+                                                 for c in ("confluent", "oncelog")}
+    assert {n[0] for _, n, _ in runs[4:]} == set(CLUSTER_NEMESES)
+    assert usable_nemeses(list(CLUSTER_NEMESES), CLUSTER_NEMESES) == list(CLUSTER_NEMESES)
+    with pytest.raises(SystemExit, match="unknown nemeses"):
+        usable_nemeses(["disk-full"], CLUSTER_NEMESES)

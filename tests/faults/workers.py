@@ -84,6 +84,30 @@ def _debug(args: argparse.Namespace) -> dict[str, str]:
     return {}
 
 
+class AckedOffsets:
+    """The offset of each acknowledged message, as the history records it.
+
+    librdkafka numbers the messages of a batch acknowledged without an offset (DUPLICATE_SEQUENCE_NUMBER: the
+    broker no longer caches that batch, so it cannot say where it is; KAFKA-12207) from the answer's -1 on: -1,
+    0, 1, ... Those are no offsets. A batch's reports come in a row, so per partition the run -1, 0, 1, ... after
+    a -1 is that batch's (a real offset after it is at least the batch's length, never the next in that run);
+    such messages are recorded with offset -1 and the number reported."""
+
+    def __init__(self) -> None:
+        self._run: dict[int, int] = {}
+
+    def fields(self, partition: int, msg: Any) -> dict[str, int]:
+        offset = _offset(msg)
+        if offset == -1:
+            self._run[partition] = 0
+        elif self._run.get(partition) == offset:
+            self._run[partition] = offset + 1
+            return {"offset": -1, "reported": offset}
+        else:
+            self._run.pop(partition, None)
+        return {"offset": offset}
+
+
 def producer(args: argparse.Namespace, h: HistoryWriter) -> None:
     """Idempotent producer: unique values round-robin over partitions, acks=all, a bounded rate."""
     Producer, _, _ = _client_modules(args.client)
@@ -93,10 +117,11 @@ def producer(args: argparse.Namespace, h: HistoryWriter) -> None:
                   **_debug(args)})
     deadline = time.monotonic() + args.seconds
     n = 0
+    acked = AckedOffsets()
 
     def report(err: Any, msg: Any, value: str, partition: int, seq: int) -> None:
         if err is None:
-            h.log("send", phase="ok", v=value, p=partition, seq=seq, offset=_offset(msg))
+            h.log("send", phase="ok", v=value, p=partition, seq=seq, **acked.fields(partition, msg))
         else:
             h.log("send", phase="fail", v=value, p=partition, seq=seq, error=str(err))
 
@@ -127,6 +152,7 @@ def txn_producer(args: argparse.Namespace, h: HistoryWriter) -> None:
     p.init_transactions(60)
     deadline = time.monotonic() + args.seconds
     n = t = 0
+    acked = AckedOffsets()
     dog = Watchdog()
     while time.monotonic() < deadline:
         dog.tick()
@@ -142,7 +168,7 @@ def txn_producer(args: argparse.Namespace, h: HistoryWriter) -> None:
                 p.produce(args.topic, value.encode(), partition=partition,
                           on_delivery=lambda e, m, v=value, pt=partition, s=n, x=txn: h.log(
                               "send", phase="ok" if e is None else "fail", v=v, p=pt, seq=s, txn=x,
-                              **({"offset": _offset(m)} if e is None else {"error": str(e)})))
+                              **(acked.fields(pt, m) if e is None else {"error": str(e)})))
                 n += 1
                 p.poll(0)
             if rng.random() < 0.05:
