@@ -28,8 +28,9 @@ import struct
 import threading
 from collections.abc import Iterable
 
-# The client ids oncelog brokers use for connections to other brokers (cluster/replica_fetcher.py, inter_broker.py).
-_INTER_BROKER = re.compile(rb"^oncelog-(?:replica|forwarded-by)-(\d+)$")
+# The client ids oncelog brokers use for connections to other brokers (cluster/replica_fetcher.py: fetches and
+# FetchSnapshot with a `-snapshots` suffix; inter_broker.py: forwarded admin requests, controlled shutdown).
+_INTER_BROKER = re.compile(rb"^oncelog-(?:replica|forwarded-by)-(\d+)(?:-[\w.-]*)?$")
 _HEADER = struct.Struct(">ihhih")  # size, api key, api version, correlation id, client id length
 CLIENT_MODES = ("pass", "delay", "blackhole", "lose_responses")
 LINK_MODES = ("pass", "delay", "blackhole", "refuse")

@@ -42,6 +42,17 @@ def test_a_refused_link_resets_and_refuses_that_broker_only(proxy):
             assert api_versions(healed) == 0
 
 
+def test_the_snapshot_connection_of_a_broker_is_that_brokers_link(proxy):
+    with (Wire(proxy.address, 5, client_id=f"{REPLICA_OF_2}-snapshots") as snapshots,
+          Wire(proxy.address, 5, client_id="oncelog-replica-client") as client):
+        assert api_versions(snapshots) == api_versions(client) == 0  # FetchSnapshot's own connection
+        assert proxy.peers_seen == {2}
+        proxy.set_link([2], "refuse")
+        with pytest.raises(OSError):
+            api_versions(snapshots)
+        assert api_versions(client) == 0
+
+
 def test_delay_and_blackhole_strike_the_link_and_clear_links_heals_it(proxy):
     with Wire(proxy.address, 5, client_id=REPLICA_OF_2) as peer, Wire(proxy.address, 5, client_id="c") as client:
         proxy.set_link([2], "delay", 0.5)
