@@ -138,23 +138,27 @@ def java_executable() -> str:
     return java
 
 
-def _dependency_plugin() -> str:
+def _dependency_plugin(pom: Path = POM) -> str:
     """groupId:artifactId:version of the pom's pinned maven-dependency-plugin.
 
     The goal is named in full rather than as `dependency:build-classpath`: offline and with an empty ~/.m2 the
     prefix form fails with "No plugin found for prefix" and hides the network error that says why."""
     ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    for plugin in ElementTree.parse(POM).getroot().iterfind("m:build/m:plugins/m:plugin", ns):
+    for plugin in ElementTree.parse(pom).getroot().iterfind("m:build/m:plugins/m:plugin", ns):
         if plugin.findtext("m:artifactId", namespaces=ns) == "maven-dependency-plugin":
             group = plugin.findtext("m:groupId", "org.apache.maven.plugins", ns)
             return f"{group}:maven-dependency-plugin:{plugin.findtext('m:version', namespaces=ns)}"
-    raise RuntimeError(f"{POM} pins no maven-dependency-plugin")
+    raise RuntimeError(f"{pom} pins no maven-dependency-plugin")
 
 
-def kafka_classpath(cache: Path | None = None, timeout: float = RESOLVE_TIMEOUT_S) -> str:
-    """Kafka's server classpath: from the cache when its jars are all present, else from Maven."""
+def kafka_classpath(cache: Path | None = None, timeout: float = RESOLVE_TIMEOUT_S, *, pom: Path = POM,
+                    artifact: str = "kafka_2.13") -> str:
+    """Kafka's server classpath: from the cache when its jars are all present, else from Maven.
+
+    `pom` names another project of Kafka's jars (tests/support/kafka_tools.py: the command-line tools), cached
+    beside this one under its own hash; `artifact` is the jar the resolved classpath must contain."""
     cache = cache or cache_dir()
-    key = hashlib.sha256(POM.read_bytes()).hexdigest()[:16]
+    key = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
     cached = cache / f"classpath-{key}.txt"
     if cached.is_file():
         classpath = cached.read_text().strip()
@@ -162,12 +166,12 @@ def kafka_classpath(cache: Path | None = None, timeout: float = RESOLVE_TIMEOUT_
             return classpath
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise KafkaUnavailable(f"real Kafka: no `mvn` on PATH to resolve kafka_2.13 {KAFKA_VERSION}")
+        raise KafkaUnavailable(f"real Kafka: no `mvn` on PATH to resolve {artifact} {KAFKA_VERSION}")
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"classpath-{key}.{os.getpid()}.tmp"
     try:
-        proc = subprocess.run([mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(POM),
-                               f"{_dependency_plugin()}:build-classpath", f"-Dmdep.outputFile={out}"],
+        proc = subprocess.run([mvn, "-q", "-B", "-Dstyle.color=never", "-f", str(pom),
+                               f"{_dependency_plugin(pom)}:build-classpath", f"-Dmdep.outputFile={out}"],
                               capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:
         raise KafkaUnavailable(f"real Kafka: `mvn dependency:build-classpath` did not finish in {timeout:.0f} s "
@@ -177,12 +181,12 @@ def kafka_classpath(cache: Path | None = None, timeout: float = RESOLVE_TIMEOUT_
         out.unlink(missing_ok=True)
         if _OFFLINE.search(log):
             first = next((ln for ln in log.splitlines() if _OFFLINE.search(ln)), "")
-            raise KafkaUnavailable("real Kafka: Maven Central not reachable to resolve kafka_2.13 "
+            raise KafkaUnavailable(f"real Kafka: Maven Central not reachable to resolve {artifact} "
                                    f"{KAFKA_VERSION} (and nothing in ~/.m2): {first.strip()[:300]}")
-        raise RuntimeError(f"mvn could not resolve Kafka's classpath from {POM}:\n{log[-3000:]}")
+        raise RuntimeError(f"mvn could not resolve Kafka's classpath from {pom}:\n{log[-3000:]}")
     classpath = out.read_text().strip()
-    if "kafka_2.13" not in classpath:
-        raise RuntimeError(f"mvn resolved a classpath without kafka_2.13:\n{classpath[:2000]}")
+    if f"{os.sep}{artifact}-{KAFKA_VERSION}.jar" not in classpath:
+        raise RuntimeError(f"mvn resolved a classpath without {artifact}:\n{classpath[:2000]}")
     os.replace(out, cached)
     return classpath
 
