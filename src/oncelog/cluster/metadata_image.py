@@ -301,14 +301,18 @@ class MetadataImage:
         return True
 
     def apply_topic_configs(self, topic: str, configs: Mapping[str, str], version: int, created: int = 0) -> bool:
+        """A config znode read. A newer version is reported even when it holds the same overrides (a write that
+        deleted a key nobody had set): config_version() moved, and an admin request waiting for the image to show
+        a config write (IncrementalAlterConfigs through a broker that is not the controller) waits for that."""
         if topic not in self.topics:
             return False
         held = self._config_version.get(topic)
         if held is not None and held > (created, version):
             return False
+        newer = held is None or (created, version) > held
         self._config_version[topic] = (created, version)
         fresh = dict(configs)
-        if self.topic_configs.get(topic) == fresh:
+        if self.topic_configs.get(topic) == fresh and not newer:
             return False
         self.topic_configs[topic] = fresh
         self._emit(ImageDelta(configs={topic}))

@@ -139,6 +139,20 @@ def test_configs_and_deletions_are_versioned():
     assert image.retain_deletions([]) and not image.deleting
 
 
+def test_a_newer_config_version_with_the_same_overrides_is_reported_once():
+    # A write that deleted a key nobody had set leaves the overrides as they were, but the version moved: a
+    # broker waiting for its image to show the write is told. Reading the same version again tells nobody.
+    image = MetadataImage()
+    image.apply_topic(_topic())
+    assert image.apply_topic_configs("t", {"a": "1"}, 2)
+    deltas = _recording(image)
+    assert image.apply_topic_configs("t", {"a": "1"}, 3)
+    assert image.config_version("t") == 3 and [d.configs for d in deltas] == [{"t"}]
+    assert not image.apply_topic_configs("t", {"a": "1"}, 3)
+    assert not image.apply_topic_configs("t", {"a": "1"}, 2)
+    assert len(deltas) == 1 and image.config_version("t") == 3
+
+
 def test_batch_delivers_one_delta_and_listener_errors_do_not_stop_others():
     image = MetadataImage()
     seen: list[ImageDelta] = []
