@@ -280,6 +280,37 @@ def test_incremental_alter_configs(module_broker, topic_name):
     assert error_code(future) == INVALID_REQUEST
 
 
+def test_replication_throttles_can_be_deleted_but_not_set(module_broker, topic_name):
+    # Kafka's reassignment tool clears throttles (DELETE on every broker and on the topics) after each --verify,
+    # whether it set any or not; oncelog has none, so deleting succeeds and changes nothing, and setting one is
+    # refused rather than silently ignored.
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 1)
+    S, D = AlterConfigOpType.SET, AlterConfigOpType.DELETE
+    snapshot = topic_configs(bs, topic_name)
+    assert alter(bs, topic_name, ("leader.replication.throttled.replicas", None, D),
+                 ("follower.replication.throttled.replicas", None, D)) == 0
+    assert topic_configs(bs, topic_name) == snapshot
+    assert alter(bs, topic_name, ("leader.replication.throttled.replicas", "*", S)) == INVALID_CONFIG
+    assert alter(bs, topic_name, ("follower.replication.throttled.replicas", "0:0", S),
+                 ("retention.ms", "1000", S)) == INVALID_CONFIG
+    assert topic_configs(bs, topic_name) == snapshot
+
+    client = admin(bs)  # kept referenced: a destroyed handle fails its futures
+
+    def broker_alter(name: str, *entries: tuple[str, str | None, AlterConfigOpType]) -> int:
+        (future,) = client.incremental_alter_configs([ConfigResource(ResourceType.BROKER, name, incremental_configs=[
+            ConfigEntry(key, value, incremental_operation=op) for key, value, op in entries])]).values()
+        return error_code(future)
+
+    throttles = ("leader.replication.throttled.rate", "follower.replication.throttled.rate",
+                 "replica.alter.log.dirs.io.max.bytes.per.second")
+    assert broker_alter("0", *[(key, None, D) for key in throttles]) == 0
+    assert broker_alter("0", ("log.retention.ms", None, D)) == 0  # no dynamic override exists to delete
+    assert broker_alter("0", ("leader.replication.throttled.rate", "1000000", S)) == INVALID_CONFIG
+    assert broker_alter("0", ("log.retention.ms", "1", S)) == INVALID_REQUEST
+
+
 def test_altered_config_takes_effect(module_broker, topic_name):
     bs = module_broker.bootstrap
     create_topic(bs, topic_name, 1)

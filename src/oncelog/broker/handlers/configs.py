@@ -1,7 +1,14 @@
 """DescribeConfigs and IncrementalAlterConfigs for topics (and describe for the broker).
 
 Broker settings come from server.properties and `--set` and are static: describing
-them works, altering them is refused with a message saying where to change them.
+them works, altering them is refused with a message saying where to change them. Deleting a dynamic broker
+override succeeds and changes nothing, since there never is one: Kafka's reassignment tool clears its
+replication throttles that way (`kafka-reassign-partitions --verify`) whether or not it set any.
+
+Replication throttles (Kafka's `leader/follower.replication.throttled.rate` on brokers and
+`leader/follower.replication.throttled.replicas` on topics) do not exist here: setting one is refused, so
+`kafka-reassign-partitions --execute --throttle` fails before it starts a reassignment instead of running it
+unthrottled; deleting one is the no-op above.
 
 In cluster mode topic configs live on ZooKeeper: DescribeConfigs reads them from this broker's metadata image,
 IncrementalAlterConfigs is carried out by the controller (controller_requests.py), which computes the new
@@ -24,6 +31,12 @@ if TYPE_CHECKING:
 RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
 SOURCE_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
+STATIC_BROKER = "Broker configs are static here: set them in server.properties or with --set and restart"
+# Kafka's replication throttle keys, per resource type (names only: oncelog throttles no replication).
+BROKER_THROTTLES = frozenset({"leader.replication.throttled.rate", "follower.replication.throttled.rate",
+                              "replica.alter.log.dirs.io.max.bytes.per.second"})
+TOPIC_THROTTLES = frozenset({"leader.replication.throttled.replicas", "follower.replication.throttled.replicas"})
+NO_THROTTLES = "oncelog does not throttle replication: {name} cannot be set (deleting it is accepted)"
 
 
 def describe_topic_entries(
@@ -121,10 +134,14 @@ def _apply(current: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
     """The new override set after applying SET/DELETE/APPEND/SUBTRACT, validated."""
     raw: dict[str, Any] = {k: TOPIC_KEYS[k].render(v) for k, v in current.items()}
     for change in changes:
+        op = change.config_operation
+        if change.name in TOPIC_THROTTLES:
+            if op == OP_DELETE:
+                continue
+            raise KafkaError(ErrorCode.INVALID_CONFIG, NO_THROTTLES.format(name=change.name))
         key = TOPIC_KEYS.get(change.name)
         if key is None:
             raise KafkaError(ErrorCode.INVALID_CONFIG, f"Unknown topic config name: {change.name}")
-        op = change.config_operation
         if op == OP_SET:
             raw[change.name] = change.value
         elif op == OP_DELETE:
@@ -149,6 +166,19 @@ def _apply(current: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
         raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from None
 
 
+def _alter_broker(res: Any, known: set[str]) -> None:
+    """A broker resource's alteration: only deletions of dynamic overrides, which change nothing (there are none);
+    anything else raises the KafkaError to answer. `known`: the resource names that name a broker."""
+    if res.resource_name not in known:
+        raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unknown broker {res.resource_name}")
+    for change in res.configs:
+        if change.config_operation == OP_DELETE:
+            continue
+        if change.name in BROKER_THROTTLES:
+            raise KafkaError(ErrorCode.INVALID_CONFIG, NO_THROTTLES.format(name=change.name))
+        raise KafkaError(ErrorCode.INVALID_REQUEST, STATIC_BROKER)
+
+
 async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.INCREMENTAL_ALTER_CONFIGS, ctx.api_version, body)
     if controller_requests.in_cluster(broker):
@@ -159,18 +189,15 @@ async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestC
                "resource_name": res.resource_name}
         try:
             if res.resource_type == RESOURCE_BROKER:
-                raise KafkaError(
-                    ErrorCode.INVALID_REQUEST,
-                    "Broker configs are static here: set them in server.properties or with --set and restart",
-                )
-            if res.resource_type != RESOURCE_TOPIC:
+                _alter_broker(res, {"", str(broker.node_id)})
+            elif res.resource_type != RESOURCE_TOPIC:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, f"Resource type {res.resource_type} is not supported")
-            meta = broker.logs.topics.get(res.resource_name)
-            if meta is None:
+            elif (meta := broker.logs.topics.get(res.resource_name)) is None:
                 raise KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Topic {res.resource_name} does not exist")
-            overrides = _apply(dict(meta.config.overrides), list(res.configs))
-            if not req.validate_only:
-                broker.logs.alter_topic_config(res.resource_name, overrides)
+            else:
+                overrides = _apply(dict(meta.config.overrides), list(res.configs))
+                if not req.validate_only:
+                    broker.logs.alter_topic_config(res.resource_name, overrides)
         except KafkaError as exc:
             out["error_code"], out["error_message"] = exc.code, exc.message
         responses.append(out)
@@ -193,10 +220,8 @@ async def _alter_in_cluster(broker: BrokerServices, ctx: RequestContext, body: m
             responses.append(out)
             try:
                 if res.resource_type == RESOURCE_BROKER:
-                    raise KafkaError(
-                        ErrorCode.INVALID_REQUEST,
-                        "Broker configs are static here: set them in server.properties or with --set and restart",
-                    )
+                    _alter_broker(res, {"", *map(str, image.brokers)})
+                    continue
                 if res.resource_type != RESOURCE_TOPIC:
                     raise KafkaError(ErrorCode.INVALID_REQUEST, f"Resource type {res.resource_type} is not supported")
                 name = res.resource_name
