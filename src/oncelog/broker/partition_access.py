@@ -59,6 +59,12 @@ class PartitionAccess(Protocol):
         UNKNOWN_LEADER_EPOCH. Constant time: it is on every produce and fetch."""
         ...
 
+    def replica(self, topic: str, partition: int) -> Partition | ErrorCode:
+        """The local copy whatever its role (leader or follower), for what Kafka answers from any replica
+        (DescribeProducers sent to a named broker, as `kafka-transactions find-hanging` does); otherwise
+        UNKNOWN_TOPIC_OR_PARTITION, or NOT_LEADER_OR_FOLLOWER when the partition exists but has no copy here."""
+        ...
+
     def leader_epoch(self, topic: str, partition: int) -> int:
         """The partition's current leader epoch as this broker knows it, -1 if it knows none."""
         ...
@@ -137,6 +143,9 @@ class LocalPartitionAccess:
             return check_leader_epoch(current_leader_epoch, LOCAL_LEADER_EPOCH)
         return part
 
+    def replica(self, topic: str, partition: int) -> Partition | ErrorCode:
+        return self.leader(topic, partition)
+
     def leader_epoch(self, topic: str, partition: int) -> int:
         return LOCAL_LEADER_EPOCH if self._logs.get_partition(topic, partition) is not None else NO_EPOCH
 
@@ -198,6 +207,14 @@ class ReplicatedPartitionAccess:
     def leader(self, topic: str, partition: int, current_leader_epoch: int = NO_EPOCH) -> Partition | ErrorCode:
         rep = self._rm.leader_replica(topic, partition, current_leader_epoch)
         return rep if isinstance(rep, ErrorCode) else rep.part
+
+    def replica(self, topic: str, partition: int) -> Partition | ErrorCode:
+        rep = self._rm.replicas.get((topic, partition))
+        if rep is not None:
+            return rep.part
+        if self._image.assignment(topic, partition) is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+        return ErrorCode.NOT_LEADER_OR_FOLLOWER
 
     def leader_epoch(self, topic: str, partition: int) -> int:
         return self._rm.leader_epoch(topic, partition)

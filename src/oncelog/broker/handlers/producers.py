@@ -38,7 +38,10 @@ async def handle_describe_producers(broker: BrokerServices, ctx: RequestContext,
         parts = []
         for index in t.partition_indexes:
             out = {"partition_index": index, "error_code": 0, "error_message": None, "active_producers": []}
-            part = broker.partitions.leader(t.name, index)  # producer state is the leader's to report
+            # Any replica answers, as in Kafka: clients send to the leader, but `kafka-transactions find-hanging
+            # --broker-id N` asks broker N about every partition it holds, followers included; a follower's
+            # producer state is built from the same batches as the leader's (docs/cluster.md §4.2).
+            part = broker.partitions.replica(t.name, index)
             if isinstance(part, ErrorCode):
                 out["error_code"] = part
             else:
