@@ -342,8 +342,11 @@ def test_failover_cuts_the_old_leaders_unacknowledged_tail_and_keeps_producer_st
     epoch = c.elect(2, (2, 3))
     assert epoch == 1
     wait_for(lambda: c.call(lambda: old.rm.replicas[(T, 0)].role.value) == "follower", "old leader to follow")
-    # The old leader truncated its divergent tail by OffsetsForLeaderEpoch, and follows the new leader.
+    # The old leader cut its divergent tail at the new leader's first answer (DivergingEpoch, KIP-320: no
+    # OffsetsForLeaderEpoch round trip), and follows the new leader.
     wait_for(lambda: c.call(lambda: old.log().log_end_offset) == 12, "the divergent tail to be cut")
+    asked = c.call(lambda: new.broker.metrics.requests.labels("OFFSET_FOR_LEADER_EPOCH")._value.get())
+    assert asked == 0
     assert produce(old, batch([b"x"])) == (NOT_LEADER, -1)
     assert fetch(old, 0, epoch=0).error_code == FENCED
     # On the new leader, the producer's retries are answered as the old leader would have: the last five

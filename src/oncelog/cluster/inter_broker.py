@@ -122,7 +122,8 @@ class InterBroker:
     async def _wait_for_controller_change(self, seconds: float) -> None:
         self._controller_changed.clear()
         try:
-            await asyncio.wait_for(self._controller_changed.wait(), max(seconds, 0.0))
+            async with asyncio.timeout(max(seconds, 0.0)):  # not wait_for: on 3.11 it can swallow a cancellation
+                await self._controller_changed.wait()
         except TimeoutError:
             pass
 

@@ -6,9 +6,13 @@ offset, and as fetch offset its log end, which is durable by construction: after
 (as they are, `Partition.append_replicated`) the loop waits until the group-commit flush covered them, and only
 then sends the next Fetch (§4.3). The leader reads each follower's fetch offset as "fsynced up to here".
 
-Before the first fetch from a leader (and after any leader epoch change) a partition is truncated by
-OffsetsForLeaderEpoch, never by high watermark alone (KIP-101, KIP-279): it asks where its latest epoch ends on
-the leader and cuts its log there, asking again with an older epoch when the leader answers one it does not know.
+A partition is never truncated by high watermark alone (KIP-101, KIP-279, KIP-320). Every fetch names the epoch
+of its last batch (LastFetchedEpoch); a leader whose log diverges from it answers DivergingEpoch (the end of that
+epoch on the leader) instead of records, and the partition cuts its log there at once, with no
+OffsetsForLeaderEpoch round trip at a leader change. When the leader answers an epoch this log does not have,
+the partition cuts to the end of its own older epoch and asks again with OffsetsForLeaderEpoch, repeating while
+the answer is an epoch it does not know (KIP-279). A log with no leader epochs at all keeps what it knows to be
+committed (its high watermark).
 A fetch offset outside the leader's log (OFFSET_OUT_OF_RANGE) is resolved with ListOffsets: below the leader's
 log start the log starts over there; above the leader's log end it is cut to it.
 
@@ -75,7 +79,7 @@ class FetchPartition:
     part: Partition
     leader: int
     leader_epoch: int
-    truncating: bool = True  # validate the log against the leader before fetching
+    truncating: bool = False  # validate the log with OffsetsForLeaderEpoch before fetching (KIP-279's repeat)
     out_of_range: bool = False  # the leader said the fetch offset is outside its log
     delay_until: float = 0.0  # monotonic time before which it is not fetched (backoff)
     needs_snapshot: bool = False  # the log started over: the leader's producer state is to be installed
@@ -120,7 +124,11 @@ class ReplicaFetcherManager:
         if source is None:
             source = self.sources[leader] = SourceFetcher(self, leader)
             source.start()
-        source.add(FetchPartition(key, part, leader, leader_epoch, needs_snapshot=part.producer_state_incomplete))
+        # A log with leader epochs is validated by the leader's DivergingEpoch answers to its fetches; one without
+        # is cut to its high watermark first (`_truncate`).
+        source.add(FetchPartition(key, part, leader, leader_epoch,
+                                  truncating=part.leader_epochs.latest_epoch == UNDEFINED_EPOCH,
+                                  needs_snapshot=part.producer_state_incomplete))
         self._where[key] = leader
 
     def unfollow(self, key: Key) -> None:
@@ -557,6 +565,16 @@ class SourceFetcher:
             return False
         part = fp.part
         plog = part.log
+        if p.diverging_epoch is not None:
+            # KIP-320: the leader's log and ours part at the end of this epoch: cut there (or, for an epoch we
+            # never had, at the end of our own older one, then ask again with OffsetsForLeaderEpoch).
+            epoch, end_offset = p.diverging_epoch
+            target, done = self._truncation_point(fp, epoch, end_offset)
+            log.info("%s-%d: our log diverges from broker %d's (its epoch %d ends at %d); cutting to %d", topic,
+                     index, self.leader, epoch, end_offset, target)
+            self._truncate_to(fp, target)
+            fp.truncating = not done
+            return False
         appended = False
         records = p.records
         if records.nbytes >= HEADER_SIZE:

@@ -370,6 +370,8 @@ class FetchedPartition(NamedTuple):
     #: a slice of the response frame (empty when the broker sent none): record batches, possibly
     #: ending with a partial batch the client must drop
     records: memoryview
+    #: v12+, to follower replicas: (epoch, end offset) where the follower's log diverges from the leader's
+    diverging_epoch: tuple[int, int] | None = None
 
 
 class FetchResult(NamedTuple):
@@ -382,6 +384,29 @@ _R_V4 = struct.Struct(">ihqq")  # partition, error, high watermark, last stable 
 _R_V5 = struct.Struct(">ihqqq")  # + log start offset
 _ABORTED = struct.Struct(">qq")
 _TOP_V7 = struct.Struct(">ihi")  # throttle, error, session id
+
+
+_DIVERGING = struct.Struct(">iq")  # DivergingEpoch: epoch, end offset (then the struct's own tags)
+
+
+def _partition_tags(r: Reader) -> tuple[int, int] | None:
+    """A v12 fetch partition's tagged fields: DivergingEpoch (tag 0) if present and not its default -1/-1."""
+    buf, pos = r.buf, r.pos
+    if pos < r.end and buf[pos] == 0:  # no tags: almost always
+        r.pos = pos + 1
+        return None
+    diverging = None
+    for _ in range(r.uvarint()):
+        tag, size = r.uvarint(), r.uvarint()
+        end = r.pos + size
+        if end > r.end:
+            raise ProtocolError("tagged field runs past the end of the response")
+        if tag == 0 and size >= _DIVERGING.size:
+            epoch, end_offset = _DIVERGING.unpack_from(r.buf, r.pos)
+            if (epoch, end_offset) != (-1, -1):
+                diverging = (epoch, end_offset)
+        r.pos = end
+    return diverging
 
 
 def decode_fetch_response(version: int, body: bytes | bytearray | memoryview) -> FetchResult:
@@ -411,9 +436,9 @@ def decode_fetch_response(version: int, body: bytes | bytearray | memoryview) ->
                         r.skip_tags()
                 r.int32()  # preferred read replica
                 records = r.compact_nullable_bytes()
-                r.skip_tags()  # DivergingEpoch, CurrentLeader, SnapshotId: replication only
+                diverging = _partition_tags(r)  # DivergingEpoch; CurrentLeader, SnapshotId skipped
                 partitions.append(_new_tuple(FetchedPartition, (
-                    index, err, hw, lso, log_start, aborted, empty if records is None else records)))
+                    index, err, hw, lso, log_start, aborted, empty if records is None else records, diverging)))
             r.skip_tags()
             topics.append((name, partitions))
         r.skip_tags()  # NodeEndpoints
@@ -433,7 +458,7 @@ def decode_fetch_response(version: int, body: bytes | bytearray | memoryview) ->
                     r.int32()  # preferred read replica
                 records = r.nullable_bytes()
                 partitions.append(_new_tuple(FetchedPartition, (
-                    index, err, hw, lso, log_start, aborted, empty if records is None else records)))
+                    index, err, hw, lso, log_start, aborted, empty if records is None else records, None)))
             topics.append((name, partitions))
     r.expect_end("Fetch response")
     return FetchResult(error_code, throttle, topics)

@@ -247,6 +247,9 @@ class FetchPartitionResponse(NamedTuple):
     aborted_transactions: Sequence[tuple[int, int]] | None = None
     preferred_read_replica: int = -1  # v11+
     records: Any = None
+    #: v12+, to a follower replica: (epoch, end offset) where its log diverges from the leader's (DivergingEpoch,
+    #: tag 0); None leaves the tag out. Tuples of the first eight fields alone are accepted too.
+    diverging_epoch: tuple[int, int] | None = None
 
 
 _R_V4 = struct.Struct(">ihqq")  # index, error, high watermark, last stable offset
@@ -261,6 +264,14 @@ _NULL_ARRAY = INT32.pack(-1)
 _NULL_RECORDS_AND_TAGS = b"\x00\x00"  # v12: null compact records, then the partition's empty tags
 _EMPTY_RECORDS_AND_TAGS = b"\x01\x00"  # v12: zero-length compact records, then empty tags
 _BUFFERS = (bytes, bytearray, memoryview)
+
+
+_DIVERGING = struct.Struct(">BBBiqB")  # one tag: tag 0, 13 bytes: epoch, end offset, the struct's empty tags
+
+
+def _diverging_tag(diverging: tuple[int, int]) -> bytes:
+    epoch, end_offset = diverging
+    return _DIVERGING.pack(1, 0, 13, epoch, end_offset, 0)
 
 
 def _records_size(records: Any) -> int:
@@ -288,8 +299,8 @@ def encode_fetch_response(
     Empty bytes-like records are dropped (they own nothing); a file region is always
     passed on, even of size 0, because the piece list is how the caller finds the
     descriptors to close. `error_code` and `session_id` exist on the wire from v7 and are
-    ignored below it. v12 tagged fields (DivergingEpoch, CurrentLeader, SnapshotId)
-    are left out: they serve follower replicas and leader changes, not oncelog.
+    ignored below it. Of v12's partition tagged fields only DivergingEpoch is written (when
+    given: answers to follower replicas); CurrentLeader and SnapshotId are left out.
 
     Plain tuples in `FetchPartitionResponse` order are accepted and are the cheapest
     thing to build on the hot path.
@@ -314,7 +325,13 @@ def _encode_flexible(head: bytes, topics: Sequence[tuple[str, Sequence[Any]]]) -
     cur = head + uvarint(len(topics) + 1)
     for name, partitions in topics:
         cur += encode_compact_string(name) + uvarint(len(partitions) + 1)
-        for index, err, hw, lso, log_start, aborted, replica, records in partitions:
+        for p in partitions:
+            if len(p) == 8:
+                index, err, hw, lso, log_start, aborted, replica, records = p
+                tags = EMPTY_TAGS
+            else:
+                index, err, hw, lso, log_start, aborted, replica, records, diverging = p
+                tags = EMPTY_TAGS if diverging is None else _diverging_tag(diverging)
             if aborted is None:
                 cur += pack_head(index, err, hw, lso, log_start, 0, replica)
             else:
@@ -325,15 +342,15 @@ def _encode_flexible(head: bytes, topics: Sequence[tuple[str, Sequence[Any]]]) -
                     _pack_i32(replica),
                 ])
             if records is None:
-                cur += _NULL_RECORDS_AND_TAGS
+                cur += _NULL_RECORDS_AND_TAGS if tags is EMPTY_TAGS else b"\x00" + tags
                 continue
             size = len(records) if type(records) is bytes else _records_size(records)
             if size or not isinstance(records, _BUFFERS):
                 pieces.append(cur + uvarint(size + 1))
                 pieces.append(records)
-                cur = EMPTY_TAGS
+                cur = tags
             else:
-                cur += _EMPTY_RECORDS_AND_TAGS
+                cur += _EMPTY_RECORDS_AND_TAGS if tags is EMPTY_TAGS else b"\x01" + tags
         cur += EMPTY_TAGS
     pieces.append(cur + EMPTY_TAGS)
     return pieces
@@ -346,7 +363,8 @@ def _encode_classic(version: int, head: bytes, topics: Sequence[tuple[str, Seque
     cur = head + _pack_i32(len(topics))
     for name, partitions in topics:
         cur += encode_string(name) + _pack_i32(len(partitions))
-        for index, err, hw, lso, log_start, aborted, replica, records in partitions:
+        for p in partitions:
+            index, err, hw, lso, log_start, aborted, replica, records = p if len(p) == 8 else p[:8]
             if has_lso:
                 cur += _R_V5.pack(index, err, hw, lso, log_start)
             else:

@@ -161,7 +161,7 @@ fetch_response = st.builds(
     FetchPartitionResponse,
     partition_index=i32, error_code=i16, high_watermark=i64, last_stable_offset=i64, log_start_offset=i64,
     aborted_transactions=st.none() | st.lists(st.tuples(i64, i64), max_size=3),
-    preferred_read_replica=i32, records=records,
+    preferred_read_replica=i32, records=records, diverging_epoch=st.none() | st.tuples(i32, i64),
 )
 
 
@@ -190,6 +190,7 @@ def test_fetch_response_roundtrip(version: int, throttle: int, error: int, sessi
                     else [(a.producer_id, a.first_offset) for a in p.aborted_transactions],
                     p.preferred_read_replica if version >= 11 else -1,
                     None if p.records is None else bytes(p.records),
+                    None if p.diverging_epoch is None else (p.diverging_epoch.epoch, p.diverging_epoch.end_offset),
                 )
                 for p in t.partitions
             ],
@@ -206,6 +207,7 @@ def test_fetch_response_roundtrip(version: int, throttle: int, error: int, sessi
                     None if p.aborted_transactions is None else list(p.aborted_transactions),
                     p.preferred_read_replica if version >= 11 else -1,
                     p.records,
+                    p.diverging_epoch if version >= 12 else None,
                 )
                 for p in ps
             ],

@@ -369,3 +369,29 @@ def test_response_sizes_memoryview_records_in_bytes_not_items() -> None:
         assert pieces_size(pieces) == sum(len(p) for p in pieces if p is not words) + 200
         ref = FetchResponse.decode(b"".join(bytes(p) for p in pieces), version=version)
         assert bytes(ref.responses[0].partitions[0].records) == words.tobytes()
+
+
+def test_diverging_epoch_is_the_v12_partition_tag_0() -> None:
+    """To follower replicas the leader answers where their log diverges (KIP-320): kafka-python's schema reads it
+    from the tag, and so does oncelog's client decoder; older versions carry no tag."""
+    from oncelog.protocol.client_codecs import decode_fetch_response
+
+    topics = [("orders", [
+        FetchPartitionResponse(0, 0, 40, 40, 3, None, -1, b"", (4, 37)),
+        FetchPartitionResponse(1, 0, 40, 40, 3, [(7, 1)], -1, Region(b"file-bytes"), (-1, 3)),
+        FetchPartitionResponse(2, 0, 40, 40, 3, None, -1, None, (6, 2**40)),
+        FetchPartitionResponse(3, 0, 40, 40, 3, None, -1, BATCH, None),
+        (4, 0, 40, 40, 3, None, -1, b""),  # a plain 8-tuple: no tag
+    ])]
+    wire = _flatten(encode_fetch_response(12, 0, 0, 0, topics))
+    ref = FetchResponse.decode(wire, version=12)
+    got = [None if p.diverging_epoch is None else (p.diverging_epoch.epoch, p.diverging_epoch.end_offset)
+           for p in ref.responses[0].partitions]
+    assert got == [(4, 37), (-1, 3), (6, 2**40), None, None]
+    assert [_records_bytes(p.records) for p in ref.responses[0].partitions] == [b"", b"file-bytes", None, BATCH, b""]
+    ours = decode_fetch_response(12, wire)
+    assert [p.diverging_epoch for p in ours.topics[0][1]] == [(4, 37), (-1, 3), (6, 2**40), None, None]
+    assert bytes(ours.topics[0][1][3].records) == BATCH
+    for version in (4, 11):
+        old = _flatten(encode_fetch_response(version, 0, 0, 0, topics))
+        assert [p.diverging_epoch for p in decode_fetch_response(version, old).topics[0][1]] == [None] * 5

@@ -2,7 +2,9 @@
 
 Each partition is served only where the partition access says this broker leads it at the leader epoch the
 request names (CurrentLeaderEpoch, v9+); otherwise the partition carries the error Kafka answers. A fetch with a
-replica id (a follower, in cluster mode) is recorded with the partition access once and reads up to the log end.
+replica id (a follower, in cluster mode) is recorded with the partition access once and reads up to the log end;
+if its LastFetchedEpoch shows its log diverging from this one (KIP-320), it gets DivergingEpoch instead, at once,
+with no records, and its fetch offset counts for nothing (it is not an offset of this log).
 
 Records are never parsed here. Each partition's data is a region of one segment file
 (or a few bytes read with pread when small), sent with sendfile by the connection.
@@ -18,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.fetch_codec import FetchPartitionResponse, decode_fetch_request, encode_fetch_response
+from ..partition_access import LocalPartitionAccess
 from ..wire import FileRegion, close_pieces
 
 if TYPE_CHECKING:
@@ -37,12 +40,17 @@ def _as_piece(result: Any) -> Any:
     return FileRegion(result.fd, result.position, result.length)
 
 
+Verdict = ErrorCode | tuple[int, int] | None
+UNDEFINED_EPOCH = -1
+
+
 def _read_all(broker: BrokerServices, req: Any, conn: Any,
-              replica: dict[tuple[str, int], ErrorCode | None] | None = None,
+              replica: dict[tuple[str, int], Verdict] | None = None,
               ) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
-    """One pass over the request's partitions. `replica`: for a follower's fetch, the partition access's verdict
-    per partition (NONE: read up to the log end and answer the leader's own log start; an error: answer it;
-    None: serve it as a consumer fetch)."""
+    """One pass over the request's partitions. `replica`: for a follower's fetch, the verdict per partition (NONE:
+    read up to the log end and answer the leader's own log start; an error: answer it; (epoch, end offset): its
+    log diverges there, answer DivergingEpoch; None: serve it as a consumer fetch). `has_error` (answer now) is
+    also set by a DivergingEpoch."""
     budget = min(req.max_bytes if req.max_bytes > 0 else broker.config["fetch.max.bytes"], broker.config["fetch.max.bytes"])
     total = 0
     has_error = False
@@ -64,6 +72,11 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any,
             hwm = plog.high_watermark
             lso = part.last_stable_offset
             verdict = None if replica is None else replica.get(key)
+            if type(verdict) is tuple:
+                has_error = True
+                parts.append(FetchPartitionResponse(fp.partition, 0, hwm, lso, plog.log_start_offset, None, -1, b"",
+                                                    verdict))
+                continue
             if verdict is not None:
                 if verdict:
                     has_error = True
@@ -115,18 +128,46 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any,
     return topics, total, has_error
 
 
-def _replica_verdicts(broker: BrokerServices, req: Any) -> dict[tuple[str, int], ErrorCode | None]:
+def _replica_verdicts(broker: BrokerServices, req: Any) -> dict[tuple[str, int], Verdict]:
     """A follower's fetch is recorded once per request (its fetch offset is its durable end: the leader's high
-    watermark and ISR follow from it), not again at each wake-up of the long poll."""
+    watermark and ISR follow from it), not again at each wake-up of the long poll; one whose log diverges is
+    not recorded at all."""
     access = broker.partitions
-    verdicts: dict[tuple[str, int], ErrorCode | None] = {}
+    replicated = not isinstance(access, LocalPartitionAccess)  # the single node has no followers
+    verdicts: dict[tuple[str, int], Verdict] = {}
     for topic in req.topics:
         for fp in topic.partitions:
             part = access.leader(topic.name, fp.partition, fp.current_leader_epoch)
-            if not isinstance(part, ErrorCode):
-                verdicts[(topic.name, fp.partition)] = access.replica_fetch(
-                    part, req.replica_id, fp.fetch_offset, fp.log_start_offset, req.replica_epoch)
+            if isinstance(part, ErrorCode):
+                continue
+            key = (topic.name, fp.partition)
+            diverging = _diverging(access, part, fp) if replicated and fp.last_fetched_epoch >= 0 else None
+            if diverging is not None:
+                verdicts[key] = diverging
+                continue
+            verdicts[key] = access.replica_fetch(part, req.replica_id, fp.fetch_offset, fp.log_start_offset,
+                                                 req.replica_epoch)
     return verdicts
+
+
+def _diverging(access: Any, part: Any, fp: Any) -> tuple[int, int] | None:
+    """Where a follower's log stops agreeing with this one, from the epoch of its last batch (KIP-320, Kafka's
+    Partition.readRecords): this log's end of the largest epoch not above it, when that is an older epoch or
+    ends before the follower's fetch offset (an epoch older than every one kept here ends where this log's
+    history begins, KAFKA-7415). When this log can say nothing of it (no epochs here, or the follower's is newer
+    than all of them, which no elected leader sees), nothing it holds past this log's start is known to agree:
+    (-1, log start), which followers read as an epoch the leader does not know and truncate to that offset.
+    A fetch offset below the log start is OFFSET_OUT_OF_RANGE, as before."""
+    plog = part.log
+    offset, last_epoch = fp.fetch_offset, fp.last_fetched_epoch
+    if offset < plog.log_start_offset:
+        return None
+    epoch, end = access.end_offset_for_epoch(part, last_epoch)
+    if epoch == UNDEFINED_EPOCH or end < 0:
+        return (UNDEFINED_EPOCH, plog.log_start_offset) if offset > plog.log_start_offset else None
+    if epoch < last_epoch or end < offset:
+        return epoch, end
+    return None
 
 
 def _error_partition(index: int, error: ErrorCode) -> FetchPartitionResponse:
@@ -163,7 +204,8 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
         event = asyncio.Event()
         broker.watchers.watch(keys, event)
         try:
-            await asyncio.wait_for(event.wait(), remaining)
+            async with asyncio.timeout(remaining):  # not wait_for: on 3.11 it can swallow a cancellation
+                await event.wait()
         except TimeoutError:
             pass
         finally:
