@@ -169,22 +169,25 @@ class FaultProxy:
     async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                     pair: tuple[asyncio.StreamWriter, asyncio.StreamWriter], peer: int | None,
                     upstream: bool) -> None:
-        while True:
-            data = await reader.read(65536)
-            if not data:
-                break
-            mode, delay_s = self._link_mode(peer)
-            if mode in ("blackhole", "refuse"):
-                continue
-            if mode == "delay" and delay_s > 0:
-                await asyncio.sleep(delay_s)
-            if mode == "lose_responses" and not upstream:
-                for w in pair:  # the broker has answered: nobody will ever read that answer
-                    w.transport.abort()
-                break
-            if writer.transport.is_closing():
-                break
-            writer.write(data)
-            await writer.drain()
-        for w in pair:
-            w.transport.abort()
+        """Forward one direction; however it ends (EOF, a reset, a fault), both sockets go, so the other side
+        never waits on a half-dead pair (a broker SIGKILLed with a request unread resets its socket: the client
+        must see its connection close, not wait for its own socket timeout)."""
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                mode, delay_s = self._link_mode(peer)
+                if mode in ("blackhole", "refuse"):
+                    continue
+                if mode == "delay" and delay_s > 0:
+                    await asyncio.sleep(delay_s)
+                if mode == "lose_responses" and not upstream:
+                    break  # the broker has answered: nobody will ever read that answer
+                if writer.transport.is_closing():
+                    break
+                writer.write(data)
+                await writer.drain()
+        finally:
+            for w in pair:
+                w.transport.abort()

@@ -79,3 +79,33 @@ def test_client_modes_leave_broker_links_alone(proxy):
             api_versions(client)
         assert api_versions(peer) == 0
         proxy.set_mode("pass")
+
+
+def test_a_reset_from_the_broker_side_closes_the_client_side():
+    """A broker SIGKILLed with a request unread resets its socket; the proxy must close the client's connection
+    (it used to leave it open, and librdkafka waited out its 60 s socket timeout with requests in flight)."""
+    import socket
+    import struct
+    import threading
+
+    server = socket.create_server(("127.0.0.1", 0))
+
+    def reset_after_first_bytes() -> None:
+        conn, _ = server.accept()
+        conn.recv(1)  # the request arrived; the rest stays unread
+        time.sleep(0.2)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        conn.close()  # unread data + linger 0: RST, as when the process dies
+
+    threading.Thread(target=reset_after_first_bytes, daemon=True).start()
+    proxy = FaultProxy(upstream_port=server.getsockname()[1]).start()
+    try:
+        with Wire(proxy.address, 5, client_id="c") as client:
+            client.sock.settimeout(3.0)
+            started = time.monotonic()
+            with pytest.raises(ConnectionError):  # closed or reset, not a 3 s timeout
+                api_versions(client)
+            assert time.monotonic() - started < 2.0
+    finally:
+        proxy.stop()
+        server.close()
