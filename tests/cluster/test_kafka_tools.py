@@ -346,17 +346,32 @@ def elected(output: str, election: str = "PREFERRED") -> set[str]:
 
 def test_kafka_leader_election_preferred_after_leaders_moved_away(cluster):
     c = cluster
-    topic = "tools-elected"
+    topic, lonely = "tools-elected", "tools-elected-lonely"
     create(c, topic, "--partitions", "6", "--replication-factor", "3")
     before = as_described(c, topic)
     controller = c.controller()
     victim = next(n for n in (1, 2, 3) if n != controller)
+    create(c, lonely, "--replica-assignment", str(victim))
     preferred_here = sorted(p for p, (_, replicas, _) in before.items() if replicas[0] == victim)
     assert preferred_here
     assert c.stop_broker(victim) == 0  # a controlled shutdown moves its leaderships away
+    # While it is down: its partitions under-replicated, its lone replica unavailable ("Leader: none"), and a
+    # preferred election it would win refused, as Kafka refuses it.
+    wait_for(lambda: all(victim not in isr for _, _, isr in as_described(c, topic).values()), "the ISRs to shrink")
+    under = tool_view(topic_tool(c, "--describe", "--topic", topic, "--under-replicated-partitions").stdout, topic)
+    assert sorted(under) == list(range(6)) and all(victim not in isr for _, _, isr in under.values())
+    unavailable = topic_tool(c, "--describe", "--topic", lonely, "--unavailable-partitions").stdout
+    assert tool_view(unavailable, lonely) == {0: (-1, [victim], [victim])} and "Leader: none" in unavailable
+    refused = tool(c, LEADER_ELECTION, "--election-type", "PREFERRED", "--topic", topic, "--partition",
+                   str(preferred_here[0]), check=False)
+    assert not refused.ok and "PreferredLeaderNotAvailableException" in refused.stdout + refused.stderr
     c.start_broker(victim, timeout=converge_s())
-    wait_for(lambda: all(victim in isr for _, _, isr in as_described(c, topic).values()),
-             f"broker {victim} back in every ISR")
+
+    def every_replica_in_sync() -> bool:  # of every topic: an election of all partitions needs them in the ISR
+        md = c.metadata(None, None)
+        return all(sorted(p.isr_nodes) == sorted(p.replica_nodes) for t in md.topics for p in t.partitions)
+
+    wait_for(every_replica_in_sync, f"broker {victim} back in every ISR")
     moved = as_described(c, topic)
     assert sorted(p for p, (leader, replicas, _) in moved.items() if leader != replicas[0]) == preferred_here
     epochs = {p: s.leader_epoch for p, s in partitions(c, topic).items()}
