@@ -99,7 +99,8 @@ def _workers_consumer(client: str) -> list[Worker]:
     """Two idempotent producers and three members of one consumer group, committing what they read."""
     return [Worker("producer", "grp-a", ["--topic", "grp", "--rate", "200", "--client", client]),
             Worker("producer", "grp-b", ["--topic", "grp", "--rate", "200", "--client", client]),
-            *[Worker("group-consumer", f"member-{i}", ["--topic", "grp", "--group", GROUP, "--client", client])
+            *[Worker("group-consumer", f"member-{i}", ["--topic", "grp", "--group", GROUP, "--client", client,
+                                                        "--done-file", PRODUCERS_DONE])
               for i in (1, 2, 3)]]
 
 
@@ -121,6 +122,7 @@ WORKLOADS: dict[str, tuple[Callable[[str], list[Worker]], list[str]]] = {
 # cluster's, where the group coordinator moves with the leadership of __consumer_offsets).
 SINGLE_NODE_WORKLOADS = ("idempotent", "transactions", "eos-copy", "spark")
 GROUP = "fault-group"  # the consumer workload's group
+PRODUCERS_DONE = "producers-done"  # written in the run's directory once every producer process has ended
 COPY_OUTPUTS = ("copy-out", "spark-out")  # topics that must hold `copy:` + every value the `src` producer acked
 CLIENTS = ("confluent", "oncelog")  # confluent-kafka (librdkafka) and oncelog's own client
 # The order decides the first round of single-nemesis runs (see `plan`): client-kill meets the spark workload.
@@ -205,10 +207,11 @@ class Run:
 
     def _spawn(self, w: Worker) -> None:
         name = self._incarnation(w)
+        args = [str(self.dir / a) if a == PRODUCERS_DONE else a for a in w.args]
         cmd = [sys.executable, "-m", "tests.faults.workers", w.kind, "--bootstrap", self.client_bootstrap,
                "--history", str(self.history), "--name", name, "--partitions", str(PARTITIONS),
                "--seconds", str(self.remaining()), "--seed", str(self.rng.randrange(1 << 30)),
-               "--txn-timeout-ms", str(TXN_TIMEOUT_MS), *w.args]
+               "--txn-timeout-ms", str(TXN_TIMEOUT_MS), *args]
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         w.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -334,6 +337,8 @@ class Run:
         while any(w.proc is not None and w.proc.poll() is None for w in self.workers) and time.monotonic() < end:
             time.sleep(0.5)
             self.revive_hung()  # a copier must finish draining its input for the copy check to mean anything
+            if all(w.proc is None or w.proc.poll() is not None for w in self.workers if w.kind == "producer"):
+                (self.dir / PRODUCERS_DONE).touch()  # group members may stop once they read everything
         for w in self.workers:
             if w.proc is not None:
                 try:

@@ -13,7 +13,8 @@ def segment(directory, batches_, name="00000000000000000000.log", tail=b""):
 
 
 def batch(base, values, epoch=0):
-    return build_batch([(None, v) for v in values], base_offset=base, partition_leader_epoch=epoch)
+    return build_batch([(None, v, (), 1_700_000_000_000) for v in values], base_offset=base,
+                       partition_leader_epoch=epoch)  # fixed timestamps: the same records make the same bytes
 
 
 def test_identical_replicas_and_a_lagging_or_trimmed_one_do_not_diverge(tmp_path):

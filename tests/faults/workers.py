@@ -347,8 +347,9 @@ def group_consumer(args: argparse.Namespace, h: HistoryWriter) -> None:
     its partitions), so a restart from the committed offsets is no non-monotonic poll, and the checker can compare
     where a session starts with the commits acknowledged before it (a lost commit). Only what was logged as read
     is ever committed, so every offset below the group's final committed offset must have been read by some
-    member. After the deadline it drains until the group's committed offsets reach every partition's end (checked
-    after GROUP_IDLE_S without input) or DRAIN_MAX_S passed."""
+    member. After the deadline it drains until the producers are done (`--done-file` exists, written by the
+    runner) and the group's committed offsets reach every partition's end (checked after GROUP_IDLE_S without
+    input), or DRAIN_MAX_S passed."""
     _, Consumer, TopicPartition = _client_modules(args.client)
     session = {"n": 0, "id": f"{args.name}/0"}
 
@@ -368,17 +369,21 @@ def group_consumer(args: argparse.Namespace, h: HistoryWriter) -> None:
     idle_since = time.monotonic()
     partitions = [TopicPartition(args.topic, part) for part in range(args.partitions)]
 
+    done_file = Path(args.done_file) if args.done_file else None
+
     def draining() -> bool:
         now = time.monotonic()
         if now > deadline + DRAIN_MAX_S:
             return False
+        if done_file is not None and not done_file.exists():
+            return True
         return now - idle_since < GROUP_IDLE_S or not _copied_everything(c, partitions)
 
     dog = Watchdog()
     while time.monotonic() < deadline or draining():
         dog.tick()
         try:
-            msgs = c.consume(200, 0.5)
+            msgs = c.consume(50, 0.5)
         except Exception as exc:  # noqa: BLE001 - recorded; the consumer goes on
             h.log("info", error=repr(exc))
             continue
@@ -533,6 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-topic")
     parser.add_argument("--group", default="fault-copy")
     parser.add_argument("--slot", type=int, default=0)
+    parser.add_argument("--done-file", help="group-consumer: drains until this file exists (producers done)")
     args = parser.parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the runner asks a stuck worker where it is
     h = HistoryWriter(Path(args.history) / f"{args.name}.jsonl", args.name)
