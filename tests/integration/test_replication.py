@@ -163,9 +163,9 @@ class Cluster:
 
         self.call(apply)
 
-    def restart_wiped(self, node_id: int) -> Node:
-        """Broker `node_id` stops, loses its data directory and starts again as a new incarnation (a new broker
-        epoch), faster than the controller could take it out of any ISR."""
+    def restart(self, node_id: int, wipe: bool = False) -> Node:
+        """Broker `node_id` stops (losing its data directory if `wipe`) and starts again as a new incarnation (a
+        new broker epoch), faster than the controller could take it out of any ISR."""
         node = self.nodes[node_id]
 
         async def stop():
@@ -174,7 +174,8 @@ class Cluster:
             await node.broker.stop()
 
         self.call_async(stop())
-        shutil.rmtree(self.root / f"b{node_id}")
+        if wipe:
+            shutil.rmtree(self.root / f"b{node_id}")
         epoch = self.call(self.image.broker_epoch, node_id) + 1000
         self.nodes[node_id] = self.call_async(self._start(node_id, epoch))
         return self.nodes[node_id]
@@ -518,7 +519,7 @@ def test_a_replica_restarted_with_an_empty_disk_takes_the_producer_state_again(c
     # leader's log start, takes it out at once (it lost what the ISR stands for), and it returns only with the
     # producer state.
     written = len(c.store.isrs)
-    restarted = c.restart_wiped(2)
+    restarted = c.restart(2, wipe=True)
     wait_for(lambda: c.call(lambda: (1, 3) in c.store.isrs[written:]), "broker 2 out of the ISR")
     wait_for(lambda: holds_state_when_in_isr(c, 2), "broker 2 back in the ISR")
     assert c.call(lambda: (restarted.log().log_start_offset, restarted.log().log_end_offset)) == (8, 10)
@@ -578,3 +579,30 @@ def test_fetch_snapshot_serves_replicas_only_once_its_offset_is_committed(cluste
     answer, _ = snapshot_request(c, leader, 2)
     assert (answer.error_code, answer.snapshot_id.end_offset) == (NONE, 3)
     assert c.state().isr == (1,) and c.call(lambda: leader.log().high_watermark) == 3
+
+
+def test_a_replica_stopped_before_it_installed_the_producer_state_asks_again_after_its_restart(cluster):
+    """The mark of a log that started over outlives the process: a replica stopped between starting over and
+    installing the leader's state asks for it again when it comes back, and only then rejoins the ISR."""
+    c = cluster()
+    c.create((1, 2, 3))
+    leader = c.nodes[1]
+    wait_for(lambda: all(T in n.broker.logs.topics for n in c.nodes.values()), "replicas to open")
+    sent = write_then_delete(c, leader)
+    wait_for(lambda: c.call(lambda: c.nodes[2].log().log_end_offset) == 10, "broker 2 to have every batch")
+
+    def start_over():  # what a follower left behind the leader's log start does, then it stops at once
+        c.nodes[2].fetchers.unfollow((T, 0))
+        c.nodes[2].broker.logs.truncate_fully_and_start_at(T, 0, 8)
+
+    c.call(start_over)
+    written = len(c.store.isrs)
+    restarted = c.restart(2)
+    part = c.call(lambda: restarted.broker.logs.get_partition(T, 0))
+    # Still in the ISR for the image: asking for the state takes it out at once, and it returns with it.
+    wait_for(lambda: c.call(lambda: (1, 3) in c.store.isrs[written:]), "broker 2 out of the ISR")
+    wait_for(lambda: holds_state_when_in_isr(c, 2), "broker 2 back in the ISR")
+    assert c.call(lambda: (part.log.log_start_offset, part.log.log_end_offset)) == (8, 10)
+    c.elect(2, (2,))
+    wait_for(lambda: c.call(lambda: restarted.rm.replicas[(T, 0)].role.value) == "leader", "broker 2 to lead")
+    answers_as_the_old_leader(restarted, sent)

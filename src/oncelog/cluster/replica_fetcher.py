@@ -125,10 +125,13 @@ class ReplicaFetcherManager:
             source = self.sources[leader] = SourceFetcher(self, leader)
             source.start()
         # A log with leader epochs is validated by the leader's DivergingEpoch answers to its fetches; one without
-        # is cut to its high watermark first (`_truncate`).
+        # is cut to its high watermark first (`_truncate`). One waiting for the leader's producer state is not
+        # fetched until it has it, so it is validated with OffsetsForLeaderEpoch first: the state is installed
+        # at its offset only on a log that agrees with the leader's below it.
+        incomplete = part.producer_state_incomplete
         source.add(FetchPartition(key, part, leader, leader_epoch,
-                                  truncating=part.leader_epochs.latest_epoch == UNDEFINED_EPOCH,
-                                  needs_snapshot=part.producer_state_incomplete))
+                                  truncating=incomplete or part.leader_epochs.latest_epoch == UNDEFINED_EPOCH,
+                                  needs_snapshot=incomplete))
         self._where[key] = leader
 
     def unfollow(self, key: Key) -> None:
@@ -445,8 +448,13 @@ class SourceFetcher:
             self._back_off(fp)
             return
         if plog.log_end_offset > snap.offset:
-            # Committed on the leader, so this log holds the leader's batches below it: cut back to it.
-            self._truncate_to(fp, snap.offset)
+            # Longer than the leader's log was when it took the state (validated, this log cannot be): validate
+            # it again and ask again.
+            log.warning("%s-%d: log end %d above the producer state's offset %d; validating the log again", topic,
+                        index, plog.log_end_offset, snap.offset)
+            fp.snapshot, fp.truncating = None, True
+            self._back_off(fp)
+            return
         if plog.log_end_offset != snap.offset:
             return  # fetched up to it first
         try:

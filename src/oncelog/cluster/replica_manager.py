@@ -33,7 +33,6 @@ import dataclasses
 import heapq
 import itertools
 import logging
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -54,8 +53,6 @@ log = logging.getLogger(__name__)
 
 Key = tuple[str, int]
 INTERNAL_TOPICS = frozenset({"__consumer_offsets", "__transaction_state"})
-NO_SNAPSHOT = -1  # FollowerState.snapshot_offset: this follower never needed the producer-state snapshot
-SNAPSHOT_NEEDED = sys.maxsize  # ... it needs one and has not asked for it yet
 
 
 class Role(Enum):
@@ -95,9 +92,11 @@ class FollowerState:
     last_caught_up_ms: int = 0
     last_fetch_leader_end: int = -1  # the leader's log end offset at the follower's previous fetch
     last_fetch_ms: int = 0
-    # The offset of the producer-state snapshot served to it, which its fetch offset must pass before it may
-    # join the ISR (it installs the snapshot on reaching it); NO_SNAPSHOT, or SNAPSHOT_NEEDED until it asks.
-    snapshot_offset: int = NO_SNAPSHOT
+    # It lacks this leader's producer state (§4.7): it fetched below the log start or asked for the state, and
+    # has not fetched since at or past `snapshot_offset` (the offset of the state served to it, -1 until it asks;
+    # it fetches again only after installing it). Neither caught up nor added to the ISR meanwhile.
+    snapshot_pending: bool = False
+    snapshot_offset: int = -1
 
 
 @dataclass(slots=True, eq=False)
@@ -579,8 +578,7 @@ class ReplicaManager:
             raise KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{rep.name}: broker {replica_id} is not a replica")
         epoch = rep.leader_epoch
         data, offset = rep.part.export_producer_state()
-        f.snapshot_offset = offset if f.snapshot_offset in (NO_SNAPSHOT, SNAPSHOT_NEEDED) else \
-            max(f.snapshot_offset, offset)
+        f.snapshot_pending, f.snapshot_offset = True, offset
         if replica_id in rep.isr:
             # It says it lacks producer state (restarted from a log that started over, faster than the
             # controller took it out): not in sync, and the commit below must not wait for its fetches.
@@ -640,7 +638,7 @@ class ReplicaManager:
             # The read answers OFFSET_OUT_OF_RANGE and the follower starts over at the log start: the producers
             # whose batches were deleted will be missing there until it installs this leader's snapshot
             # (§4.7). An ISR member asking this has lost what it had (a wiped disk): it leaves the ISR now.
-            f.snapshot_offset = SNAPSHOT_NEEDED
+            f.snapshot_pending, f.snapshot_offset = True, -1
             f.fetch_offset, f.last_caught_up_ms = fetch_offset, 0
             f.last_fetch_leader_end, f.last_fetch_ms = leo, now
             if replica_id in rep.isr:
@@ -652,6 +650,8 @@ class ReplicaManager:
             f.last_caught_up_ms = max(f.last_caught_up_ms, f.last_fetch_ms)
         f.last_fetch_leader_end, f.last_fetch_ms = leo, now
         f.fetch_offset = fetch_offset
+        if f.snapshot_pending and 0 <= f.snapshot_offset <= fetch_offset:
+            f.snapshot_pending = False  # a fetch at or past the state's offset comes after its install
         if log_start >= 0:
             f.log_start = log_start
         if replica_id not in rep.isr:
@@ -678,7 +678,7 @@ class ReplicaManager:
 
     def _caught_up(self, rep: Replica, replica_id: int, now: int) -> bool:
         f = rep.followers.get(replica_id)
-        if f is None or f.fetch_offset < f.snapshot_offset:
+        if f is None or f.snapshot_pending:
             return False  # not a replica, or it lacks the producer state (§4.7)
         return f.fetch_offset >= rep.part.log.log_end_offset or now - f.last_caught_up_ms <= self._lag_max_ms
 
@@ -688,7 +688,7 @@ class ReplicaManager:
         plog = rep.part.log
         if f.fetch_offset < plog.high_watermark or f.fetch_offset < rep.epoch_start_offset:
             return
-        if f.fetch_offset < f.snapshot_offset:
+        if f.snapshot_pending:
             return  # it has not installed the producer state it lacks (§4.7)
         if not self._lease.lease_valid():
             return
