@@ -371,10 +371,13 @@ def test_a_follower_that_started_over_joins_the_isr_only_after_the_producer_stat
         assert (offset, epoch) == (4, 5) and data == r.part.producers.export_state()
         append(c, 1)
         c.rm.follower_fetch(r, B2, 5, 4)
-        c.rm.follower_fetch(r, B3, 4, 4)  # at the state's offset: it installs before fetching further...
+        # Served at 4, it installs there before fetching again: its next fetch at or past 4 means installed.
+        assert c.rm.replicas[KEY].followers[B3].snapshot_pending
+        c.rm.follower_fetch(r, B3, 4, 4)
+        assert not r.followers[B3].snapshot_pending
         await asyncio.sleep(0.01)
-        assert r.isr == (ME, B2)
-        c.rm.follower_fetch(r, B3, 5, 4)  # ...so a fetch past it means installed, and caught up: in
+        assert r.isr == (ME, B2)  # below the high watermark (5) still
+        c.rm.follower_fetch(r, B3, 5, 4)
         await asyncio.sleep(0.01)
         assert r.isr == (ME, B2, B3)
 
