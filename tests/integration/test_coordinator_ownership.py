@@ -94,8 +94,17 @@ class Node:
         self.call(gate.set)
 
     def stop(self) -> None:
+        async def stop_all() -> None:
+            await self.broker.stop()
+            # Requests still in flight on connections the broker closed (a client's long poll) end here, not
+            # as tasks destroyed with the loop.
+            rest = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for task in rest:
+                task.cancel()
+            await asyncio.gather(*rest, return_exceptions=True)
+
         try:
-            self.run(self.broker.stop())
+            self.run(stop_all())
         finally:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(WAIT_S)

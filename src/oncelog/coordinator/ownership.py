@@ -85,6 +85,11 @@ class Ownership:
     def loading(self) -> bool:
         return any(not load.loaded for load in self._loads.values())
 
+    @property
+    def empty(self) -> bool:
+        """No partition is owned (loading or loaded)."""
+        return not self._loads
+
     def partitions(self) -> Iterator[int]:
         return iter(sorted(self._loads))
 

@@ -185,7 +185,7 @@ class GroupCoordinator:
             if leader_epoch <= current.leader_epoch:
                 return current.task
             self.unload_partition(partition)
-        if not any(True for _ in self.owned.partitions()):
+        if self.owned.empty:
             adopt = getattr(self.log, "adopt_partition_count", None)
             if adopt is not None:
                 adopt()  # only while nothing is owned: the count decides which partition a group lives in
