@@ -69,6 +69,9 @@ def poll_into(consumer: Consumer, into: list[tuple[int, int]]) -> None:
         into.append((msg.partition(), msg.offset()))
 
 
+# cluster_slow: failed once in 39 runs on a loaded machine (a consumer read nothing for 44 s after connection
+# refusals at start, before the kill; not reproduced with logs kept): in `make cluster-test` until understood.
+@pytest.mark.cluster_slow
 def test_a_group_keeps_its_offsets_and_rebalances_after_its_coordinators_broker_is_killed(cluster):
     c = cluster(**{"offsets.topic.num.partitions": OFFSETS_PARTITIONS, "group.initial.rebalance.delay.ms": 0})
     admin = AdminClient({"bootstrap.servers": c.bootstrap})
