@@ -24,7 +24,8 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, Any, NamedTuple
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..cluster.controller import Controller
 from ..cluster.inter_broker import ControllerIsHere, ControllerUnavailable, InterBroker, is_forwarded
@@ -41,10 +42,34 @@ from .partition_access import ReplicatedPartitionAccess
 if TYPE_CHECKING:
     from ..cluster.metadata_image import ImageDelta
     from ..cluster.topic_plans import NewTopic
+    from ..config import BrokerConfig
+    from ..coordinator.group import GroupCoordinator
+    from ..coordinator.txn.coordinator import TransactionCoordinator
+    from ..storage.flusher import GroupCommitFlusher
+    from ..storage.log_manager import LogManager
     from .context import CoordinatorNode
-    from .server import Broker
+    from .delayed import PartitionWatchers
+    from .partition_access import PartitionAccess
 
 log = logging.getLogger("oncelog.cluster")
+
+
+class ClusterHost(Protocol):
+    """What cluster mode takes from the broker that hosts it (server.Broker), so this module never imports the
+    server: the server sits above it and hands itself in. `partitions` and `producer_ids` are replaced by cluster
+    mode's own; `fatal` is set when the broker must end."""
+
+    config: BrokerConfig
+    node_id: int
+    data_dir: Path
+    logs: LogManager
+    flusher: GroupCommitFlusher
+    watchers: PartitionWatchers
+    partitions: PartitionAccess
+    producer_ids: Any
+    group_coordinator: GroupCoordinator | None
+    txn_coordinator: TransactionCoordinator | None
+    fatal: asyncio.Event
 
 AUTO_CREATE_TIMEOUT_MS = 30000
 
@@ -83,7 +108,7 @@ def dict_error_codes(value: Any) -> Iterator[int]:
 class ClusterMode:
     """One broker's membership of a cluster (see the module docstring for the order of work)."""
 
-    def __init__(self, broker: Broker) -> None:
+    def __init__(self, broker: ClusterHost) -> None:
         self.broker = broker
         self.config = broker.config
         self.node_id = broker.node_id

@@ -10,6 +10,7 @@ import asyncio
 import inspect
 from pathlib import Path
 
+from oncelog.broker.cluster_mode import ClusterHost
 from oncelog.broker.connection import Connection, ConnectionHost
 from oncelog.broker.context import BrokerServices, ClientConnection, RequestDispatcher
 from oncelog.broker.partition_access import PartitionAccess
@@ -54,7 +55,7 @@ def test_a_started_broker_satisfies_every_host_protocol(tmp_path: Path) -> None:
         broker = Broker(config, tmp_path / "data", port=0)
         await broker.start()
         try:
-            for protocol in (BrokerServices, ConnectionHost, TransactionHost, GroupHost):
+            for protocol in (BrokerServices, ConnectionHost, TransactionHost, GroupHost, ClusterHost):
                 assert missing(broker, protocol) == set(), protocol.__name__
             assert missing(broker.dispatcher, RequestDispatcher) == set()
             assert missing(broker.partitions, PartitionAccess) == set()
