@@ -161,6 +161,9 @@ def test_kafka_topics_create_describe_alter_delete(cluster):
     for node in c.brokers:  # what the tool printed is what every broker says
         assert as_described(c, topic, via=node) == described
     assert topic in topic_tool(c, "--list").lines()
+    topic_id = re.search(r"TopicId: (\S+)", header).group(1)
+    by_id = topic_tool(c, "--describe", "--topic-id", topic_id).stdout
+    assert f"Topic: {topic}\tTopicId: {topic_id}\t" in by_id and tool_view(by_id, topic) == described
     again = topic_tool(c, "--create", "--topic", topic, "--partitions", "1", check=False)
     assert not again.ok and "already exists" in again.stdout + again.stderr
     topic_tool(c, "--create", "--if-not-exists", "--topic", topic, "--partitions", "1")
@@ -196,6 +199,9 @@ def test_kafka_topics_and_reassign_partitions_on_the_single_node(module_broker, 
     out = kafka_tool(TOPICS, "--bootstrap-server", bs, "--describe", "--topic", topic, check=True).stdout
     assert "PartitionCount: 4\tReplicationFactor: 1" in out
     assert tool_view(out, topic) == {p: (0, [0], [0]) for p in range(4)}
+    topic_id = re.search(r"TopicId: (\S+)", out).group(1)
+    by_id = kafka_tool(TOPICS, "--bootstrap-server", bs, "--describe", "--topic-id", topic_id, check=True).stdout
+    assert tool_view(by_id, topic) == tool_view(out, topic)
     too_wide = kafka_tool(TOPICS, "--bootstrap-server", bs, "--create", "--topic", f"{topic}-rf3",
                           "--partitions", "1", "--replication-factor", "3")
     assert not too_wide.ok and "replication factor" in (too_wide.stdout + too_wide.stderr).lower()

@@ -35,6 +35,7 @@ from tests.integration.helpers import (
 
 # Kafka error codes
 UNKNOWN_TOPIC_OR_PARTITION = 3
+UNKNOWN_TOPIC_ID = 100
 MESSAGE_TOO_LARGE = 10
 INVALID_TOPIC_EXCEPTION = 17
 TOPIC_ALREADY_EXISTS = 36
@@ -345,6 +346,37 @@ def test_describe_configs_errors_and_key_filter(module_broker, topic_name):
     assert (entries["retention.ms"]["value"], entries["retention.ms"]["config_source"],
             entries["retention.ms"]["config_type"]) == ("604800000", "DEFAULT_CONFIG", "LONG")
     assert (entries["cleanup.policy"]["value"], entries["cleanup.policy"]["config_type"]) == ("delete", "LIST")
+
+
+def test_metadata_by_topic_id_whatever_name_comes_with_it(module_broker, topic_name):
+    # Metadata v12 by topic id: Kafka's Java admin (kafka-topics --describe --topic-id) sends an empty name beside
+    # the id, others a null one; both are by id. An unknown id is UNKNOWN_TOPIC_ID naming that id.
+    import uuid
+
+    from kafka.protocol.metadata import MetadataRequest
+
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, 2)
+    req = MetadataRequest[12]
+
+    def by_id(name, tid):
+        with Wire(bs) as w:
+            resp = w.request(req(topics=[req.MetadataRequestTopic(name=name, topic_id=tid)],
+                                 allow_auto_topic_creation=False, include_topic_authorized_operations=False), 12)
+        (entry,) = resp.topics
+        return entry
+
+    with Wire(bs) as w:
+        by_name = w.request(req(topics=[req.MetadataRequestTopic(name=topic_name, topic_id=None)],
+                                allow_auto_topic_creation=False, include_topic_authorized_operations=False), 12)
+    tid = by_name.topics[0].topic_id
+    assert tid.int != 0
+    for name in (None, ""):
+        entry = by_id(name, tid)
+        assert (entry.error_code, entry.name, entry.topic_id, len(entry.partitions)) == (0, topic_name, tid, 2)
+    unknown = uuid.uuid4()
+    entry = by_id("", unknown)
+    assert (entry.error_code, entry.name, entry.topic_id, entry.partitions) == (UNKNOWN_TOPIC_ID, None, unknown, [])
 
 
 # -- DescribeCluster / DescribeLogDirs --------------------------------------------------------------------

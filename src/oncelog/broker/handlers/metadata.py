@@ -100,8 +100,11 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
         entries = []
         for item in requested:
             name = item.name
-            if name is None:  # v10+: by topic id
-                name = _find_by_id(broker, getattr(item, "topic_id", None))
+            topic_id = getattr(item, "topic_id", None)
+            # By topic id (v10+) when one is given, whatever name comes with it: Kafka's Java admin sends an
+            # empty name beside the id (`kafka-topics --describe --topic-id`); a null name means by id as well.
+            if name is None or (topic_id is not None and topic_id.int != 0):
+                name = _find_by_id(broker, topic_id)
                 if name is None:
                     entry = topic_entry(broker, "", ErrorCode.UNKNOWN_TOPIC_ID)
                     entry["name"] = None
