@@ -185,8 +185,14 @@ def test_kafka_topics_create_describe_alter_delete(cluster):
         wait_for(lambda n=node: c.metadata(n, [topic]).topics[0].error_code == UNKNOWN_TOPIC,
                  f"broker {node} to forget {topic}", 30)
     assert topic not in topic_tool(c, "--list").lines()
-    copies = lambda: [str(path) for b in c.brokers.values() for path in b.data_dir.glob(f"{topic}-*")]  # noqa: E731
-    wait_for(lambda: copies() == [] or print("left:", copies()), "every copy deleted", 30)
+
+    def copies() -> list[str]:
+        return [str(path) for b in c.brokers.values() for path in b.data_dir.glob(f"{topic}-*")]
+
+    try:
+        wait_for(lambda: copies() == [], "every copy deleted", 30)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; copies left: {copies()}") from None
 
 
 def test_kafka_topics_and_reassign_partitions_on_the_single_node(module_broker, tools, tmp_path):
