@@ -60,9 +60,6 @@ def cluster(coordination_connect, tmp_path):
             p.stop()
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a window duplicate (46) is answered for a batch above the high watermark, without "
-                          "waiting for the ISR; a failover loses it (faults cluster seed 4)")
 @pytest.mark.timeout(300)
 def test_a_window_duplicate_is_not_acknowledged_before_its_batch_is_committed(cluster):
     c, proxies = cluster

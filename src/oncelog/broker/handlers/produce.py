@@ -121,7 +121,11 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             slot.error, slot.message = appended.error, appended.message
             if appended.error:
                 slot.error, slot.message = _client_facing(broker, ctx, header, appended.error, appended.message)
-            if appended.error:
+                if appended.error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER and acks == -1:
+                    # Clients take 46 as success, and the batch with that sequence lies somewhere below the log end,
+                    # maybe not yet on the ISR: answer only once the high watermark reaches the log end, or a
+                    # failover could drop a write the client counts as acknowledged.
+                    waits.append((slot, access.wait_acks_all(part, part.log.log_end_offset, req.timeout_ms)))
                 continue
             slot.base_offset = appended.base_offset
             slot.log_append_time = appended.log_append_time
