@@ -36,6 +36,11 @@ class HistoryWriter:
         fields["op"] = op
         fields["w"] = self.worker
         fields["t"] = time.time()
+        if self._file.closed:
+            # A late event (the cluster's convergence report after the run's logs were closed) must not end the
+            # run with a ValueError that hides the checker's verdict; it still reaches stdout.
+            print(json.dumps(fields, separators=(",", ":")))
+            return
         self._file.write(json.dumps(fields, separators=(",", ":")) + "\n")
 
     def close(self) -> None:
