@@ -8,7 +8,8 @@ would either skip recovery of unflushed data or resurrect deleted records.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 VERSION = 0
 
@@ -50,20 +51,29 @@ def write_checkpoint(path: str | os.PathLike, offsets: Mapping[tuple[str, int], 
     atomic_write(path, ("\n".join(lines) + "\n").encode())
 
 
-def read_checkpoint(path: str | os.PathLike) -> dict[tuple[str, int], int]:
-    """{(topic, partition): offset}; empty when the file does not exist."""
+class CheckpointLines(NamedTuple):
+    """The entry lines of a Kafka-format checkpoint file (line numbers start at 3) and how to report one bad."""
+
+    entries: list[str]
+    bad: Callable[[int, str], CorruptCheckpointError]
+
+
+def read_checkpoint_lines(path: str | os.PathLike, what: str) -> CheckpointLines | None:
+    """Kafka's checkpoint framing (a version line, a count line, then the entries), shared by the offset
+    checkpoints and the leader-epoch checkpoint; None when the file does not exist. `what` names the file kind in
+    errors ("checkpoint file", "leader epoch checkpoint")."""
     try:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        return {}
+        return None
     except UnicodeDecodeError as exc:
-        raise CorruptCheckpointError(f"Checkpoint file {path} is not text: {exc}") from None
+        raise CorruptCheckpointError(f"{what[0].upper()}{what[1:]} {path} is not text: {exc}") from None
     lines = text.splitlines()
 
     def bad(line_no: int, why: str) -> CorruptCheckpointError:
         shown = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
-        return CorruptCheckpointError(f"Malformed checkpoint file {path}, line {line_no} ({shown!r}): {why}")
+        return CorruptCheckpointError(f"Malformed {what} {path}, line {line_no} ({shown!r}): {why}")
 
     if len(lines) < 2:
         raise bad(len(lines) + 1, "missing version or count line")
@@ -76,6 +86,15 @@ def read_checkpoint(path: str | os.PathLike) -> dict[tuple[str, int], int]:
     entries = lines[2:]
     if count < 0 or len(entries) != count:
         raise bad(2, f"count {count} but {len(entries)} entries follow")
+    return CheckpointLines(entries, bad)
+
+
+def read_checkpoint(path: str | os.PathLike) -> dict[tuple[str, int], int]:
+    """{(topic, partition): offset}; empty when the file does not exist."""
+    framed = read_checkpoint_lines(path, "checkpoint file")
+    if framed is None:
+        return {}
+    entries, bad = framed
     result: dict[tuple[str, int], int] = {}
     for i, line in enumerate(entries, start=3):
         parts = line.split()

@@ -25,7 +25,7 @@ from bisect import bisect_left, bisect_right
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from .checkpoints import VERSION, CorruptCheckpointError, atomic_write
+from .checkpoints import VERSION, atomic_write, read_checkpoint_lines
 
 LEADER_EPOCH_CHECKPOINT_FILE = "leader-epoch-checkpoint"
 UNDEFINED_EPOCH = -1
@@ -193,31 +193,12 @@ def write_leader_epoch_checkpoint(path: str | os.PathLike, entries: Iterable[tup
 
 def read_leader_epoch_checkpoint(path: str | os.PathLike) -> list[EpochEntry]:
     """The entries of a `leader-epoch-checkpoint` file; empty when it does not exist."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except FileNotFoundError:
+    framed = read_checkpoint_lines(path, "leader epoch checkpoint")
+    if framed is None:
         return []
-    except UnicodeDecodeError as exc:
-        raise CorruptCheckpointError(f"Leader epoch checkpoint {path} is not text: {exc}") from None
-    lines = text.splitlines()
-
-    def bad(line_no: int, why: str) -> CorruptCheckpointError:
-        shown = lines[line_no - 1] if 0 < line_no <= len(lines) else ""
-        return CorruptCheckpointError(f"Malformed leader epoch checkpoint {path}, line {line_no} ({shown!r}): {why}")
-
-    if len(lines) < 2:
-        raise bad(len(lines) + 1, "missing version or count line")
-    if lines[0].strip() != str(VERSION):
-        raise bad(1, f"unsupported version (expected {VERSION})")
-    try:
-        count = int(lines[1])
-    except ValueError:
-        raise bad(2, "count is not a number") from None
-    if count < 0 or len(lines) - 2 != count:
-        raise bad(2, f"count {count} but {len(lines) - 2} entries follow")
+    lines, bad = framed
     entries: list[EpochEntry] = []
-    for i, line in enumerate(lines[2:], start=3):
+    for i, line in enumerate(lines, start=3):
         parts = line.split()
         if len(parts) != 2:
             raise bad(i, "expected '<epoch> <start offset>'")
