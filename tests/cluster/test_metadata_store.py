@@ -283,6 +283,35 @@ def test_topic_lifecycle_converges_on_every_image(coordination_connect):
     run(body())
 
 
+def test_a_new_topic_reaches_listeners_with_its_configs_and_states(coordination_connect):
+    """A watcher's image announces a topic (first creation and re-creation under the same name) in one delta that
+    already holds its config overrides and every partition's state: a replica opened on the announcement must not
+    run with the defaults meanwhile."""
+    async def body():
+        writer, watcher = await _store(coordination_connect), await _store(coordination_connect)
+        seen: list[tuple[str, dict[str, str] | None, int]] = []
+
+        def listener(delta) -> None:
+            for name in delta.topics_added:
+                states = sum(1 for k in watcher.image.states if k[0] == name)
+                seen.append((name, watcher.image.topic_configs.get(name), states))
+
+        watcher.image.subscribe(listener)
+        try:
+            epoch = await writer.try_become_controller(1, await writer.register_broker(1, "127.0.0.1", 9001))
+            for round_ in range(3):
+                await writer.create_topic("c", uuid.uuid4().bytes, {p: [1] for p in range(4)},
+                                          {"retention.ms": str(round_)}, epoch)
+                await until(lambda n=round_ + 1: len(seen) == n, f"creation {round_} announced")
+                assert seen[-1] == ("c", {"retention.ms": str(round_)}, 4)
+                await writer.delete_topic("c", epoch)
+                await until(lambda: "c" not in watcher.image.topics, "deletion seen")
+        finally:
+            await _close(writer, watcher)
+
+    run(body())
+
+
 def test_lease_follows_confirmed_round_trips(coordination_factory):
     session_ms = 3000
     service = coordination_factory()

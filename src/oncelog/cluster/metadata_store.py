@@ -890,7 +890,9 @@ class MetadataStore:
 
     async def _read_topic(self, name: str, full: bool = False) -> TopicInfo | None:
         """Read a topic znode; then the states not yet held (all of them with `full`) and, with `full`, its
-        configs."""
+        configs. With `full` the topic, its configs and its states enter the image as one delta: a listener never
+        sees a new topic before its config overrides (a replica opened with the defaults of a topic created with
+        `cleanup.policy=compact` or a short `retention.ms` would act on the wrong config meanwhile)."""
         held = self.image.topics.get(name)
         try:
             data, stat = await self._call(self._kz().get_async(self._p(self.topic_path(name)),
@@ -899,33 +901,55 @@ class MetadataStore:
             self.image.remove_topic(name, held.created if held is not None else None)
             return None
         info = _topic_from(name, data, stat)
+        if full or held is None or held.created != info.created:     # a new topic or a new incarnation
+            partitions = list(info.assignment)
+            configs, *states = await asyncio.gather(self._get_configs(name),
+                                                    *(self._get_state(name, p) for p in partitions))
+            with self.image.batch():
+                self.image.apply_topic(info)
+                if name in self.image.topics:
+                    if configs is not None:
+                        self.image.apply_topic_configs(name, *configs)
+                    for p, state in zip(partitions, states, strict=True):
+                        if state is not None:
+                            self.image.apply_partition_state(name, p, *state)
+            return self.image.topics.get(name)
         self.image.apply_topic(info)
         current = self.image.topics.get(name)
         if current is None:
             return None
-        reads = [self._read_state(name, p) for p in current.assignment
-                 if full or (name, p) not in self.image.states]
-        if full:
-            reads.append(self._read_configs(name))
-        await asyncio.gather(*reads)
+        await asyncio.gather(*(self._read_state(name, p) for p in current.assignment
+                               if (name, p) not in self.image.states))
         return self.image.topics.get(name)
 
-    async def _read_state(self, topic: str, partition: int) -> None:
+    async def _get_state(self, topic: str, partition: int) -> tuple[PartitionState, int] | None:
+        """A partition state znode as (state, czxid), watched; None once it is gone."""
         try:
             data, stat = await self._call(self._kz().get_async(self._p(self.state_path(topic, partition)),
                                                                watch=self._data_watch))
         except NoNodeError:
-            return                       # the topic is going: its znode watch removes it
-        self.image.apply_partition_state(topic, partition, _state_from(data, stat), stat.czxid)
+            return None                  # the topic is going: its znode watch removes it
+        return _state_from(data, stat), stat.czxid
 
-    async def _read_configs(self, topic: str) -> None:
+    async def _read_state(self, topic: str, partition: int) -> None:
+        got = await self._get_state(topic, partition)
+        if got is not None:
+            self.image.apply_partition_state(topic, partition, *got)
+
+    async def _get_configs(self, topic: str) -> tuple[dict[str, str], int, int] | None:
+        """A topic's config znode as (overrides, version, czxid), watched; None once it is gone."""
         try:
             data, stat = await self._call(self._kz().get_async(self._p(f"{TOPIC_CONFIGS}/{topic}"),
                                                                watch=self._data_watch))
         except NoNodeError:
-            return
+            return None
         configs = {str(k): str(v) for k, v in _load(data).get("config", {}).items()}
-        self.image.apply_topic_configs(topic, configs, stat.version, stat.czxid)
+        return configs, stat.version, stat.czxid
+
+    async def _read_configs(self, topic: str) -> None:
+        got = await self._get_configs(topic)
+        if got is not None:
+            self.image.apply_topic_configs(topic, *got)
 
     def config_version(self, topic: str) -> int | None:
         """The version of the topic's config znode as the image holds it (the CAS token for set_topic_configs)."""
