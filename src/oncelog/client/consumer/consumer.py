@@ -332,9 +332,18 @@ class _Feed:
 
     def collect(self, n: int, out: list[Message], deadline: float | None) -> float | None:
         """One round of consume(), shared by the sync and async consumers: take what is ready, then say how long
-        to wait for more, or _DONE when `out` is full, ends with an event, or the deadline has passed."""
-        self.take(n, out)
-        if len(out) >= n or (out and out[-1].error() is not None):
+        to wait for more, or _DONE when `out` is full, ends with an event, the deadline has passed, or a group
+        event waits while `out` holds records.
+
+        A batch never spans a rebalance (librdkafka's rule): records taken before a revocation go back before
+        on_revoke runs, and the events are served at the start of the next call (consume() serves them only
+        while its batch is empty), where the revocation makes the old assignment's buffered records stale
+        before anything is collected. Served in the middle of a batch, they made the application get records
+        of partitions it had just been told it gave up, then the new assignment's records (from the committed
+        offset, so the same ones again) in the same list."""
+        if not self.group_events:
+            self.take(n, out)
+        if len(out) >= n or (out and (out[-1].error() is not None or self.group_events)):
             return _DONE
         return _left(deadline)
 
@@ -507,7 +516,7 @@ class Consumer(_Application):
         deadline = _deadline(timeout)
         out: list[Message] = []
         while True:
-            event = self._housekeeping()
+            event = self._housekeeping(serve_events=not out)  # a batch never spans a rebalance: _Feed.collect
             if event is not None:
                 out.append(event)
                 return out
@@ -520,14 +529,15 @@ class Consumer(_Application):
             finally:
                 self._feed.waiting = False
 
-    def _housekeeping(self) -> Message | None:
-        """Serve rebalances and auto-commit; a group error comes back as an error message for the caller."""
+    def _housekeeping(self, serve_events: bool = True) -> Message | None:
+        """Serve rebalances (unless a batch is being filled) and auto-commit; a group error comes back as an
+        error message for the caller."""
         feed = self._feed
         due = self._due_auto_commit()
         if due:
             future = self._rt.submit(self._core.commit(due))
             future.add_done_callback(_log_commit_failure)
-        while feed.group_events:
+        while serve_events and feed.group_events:
             event = feed.group_events.popleft()
             if isinstance(event, KafkaError):
                 return error_message(event)
@@ -713,7 +723,7 @@ class AsyncConsumer(_Application):
         deadline = _deadline(timeout)
         out: list[Message] = []
         while True:
-            event = await self._housekeeping()
+            event = await self._housekeeping(serve_events=not out)  # a batch never spans a rebalance: _Feed.collect
             if event is not None:
                 out.append(event)
                 return out
@@ -729,13 +739,14 @@ class AsyncConsumer(_Application):
         finally:
             self._feed.waiting = False
 
-    async def _housekeeping(self) -> Message | None:
+    async def _housekeeping(self, serve_events: bool = True) -> Message | None:
+        """As Consumer._housekeeping."""
         feed = self._feed
         due = self._due_auto_commit()
         if due:
             task = asyncio.get_running_loop().create_task(self._core.commit(due))
             task.add_done_callback(_log_commit_failure)
-        while feed.group_events:
+        while serve_events and feed.group_events:
             event = feed.group_events.popleft()
             if isinstance(event, KafkaError):
                 return error_message(event)
