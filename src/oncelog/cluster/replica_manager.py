@@ -638,7 +638,13 @@ class ReplicaManager:
             # The read answers OFFSET_OUT_OF_RANGE and the follower starts over at the log start: the producers
             # whose batches were deleted will be missing there until it installs this leader's snapshot
             # (§4.7). An ISR member asking this has lost what it had (a wiped disk): it leaves the ISR now.
-            f.snapshot_pending, f.snapshot_offset = True, -1
+            f.snapshot_pending = True
+            if f.snapshot_offset < plog.log_start_offset:
+                # A state served at or above the log start stays the one it installs: the follower keeps it
+                # across this start-over (it drops only one below where it starts, and then asks again), so it
+                # will not ask again, and forgetting its offset here would keep it out of the ISR for good (a
+                # DeleteRecords between the answer and its next fetch: faults cluster seed 21, idem-2).
+                f.snapshot_offset = -1
             f.fetch_offset, f.last_caught_up_ms = fetch_offset, 0
             f.last_fetch_leader_end, f.last_fetch_ms = leo, now
             if replica_id in rep.isr:
