@@ -33,7 +33,7 @@ from typing import Any
 ANOMALIES = (
     "lost_writes", "duplicates", "aborted_reads", "uncommitted_reads", "reordering", "nonmonotonic_polls",
     "inconsistent_offsets", "phantoms", "hanging_transactions", "lost_commits", "group_skips",
-    "replica_divergence",
+    "replica_divergence", "under_replicated",
 )
 
 

@@ -221,6 +221,18 @@ class FaultCluster:
         self.processes.wait_registered(set(self.proxies), converge_s())
 
 
+def by_topic(lagging: list[str], topics: Iterable[str]) -> dict[str, list[str]]:
+    """`FaultCluster.under_replicated` lines ("<topic>-<p> leader .. isr ..", "<topic>: error ..") under their
+    topic (the longest name that prefixes one); a line naming none (no broker answered) under the first topic."""
+    listed = list(topics)
+    names = sorted(listed, key=len, reverse=True)
+    out: dict[str, list[str]] = {}
+    for line in lagging:
+        topic = next((t for t in names if line.startswith((f"{t}-", f"{t}:"))), None)
+        out.setdefault(topic if topic is not None else listed[0], []).append(line)
+    return out
+
+
 class ClusterRun(Run):
     """One fault run on a FaultCluster: the runner's workloads, histories and checker; the cluster's nemeses."""
 
@@ -261,10 +273,11 @@ class ClusterRun(Run):
             if missing:
                 time.sleep(0.5)
 
-    def _wait_in_sync(self, when: str) -> None:
-        """Until every partition of the workload's topics has a leader and its whole ISR (bounded); a cluster
-        that does not get there is noted in the nemesis log and on stdout."""
-        deadline = time.monotonic() + converge_s()
+    def _wait_in_sync(self, when: str) -> list[str]:
+        """Until every partition of the workload's topics has a leader and its whole ISR (bounded by converge_s()):
+        [] then, with the time it took in the nemesis log; else what still lags, noted there and on stdout."""
+        started = time.monotonic()
+        deadline = started + converge_s()
         lagging: list[str] = []
         while time.monotonic() < deadline:
             try:
@@ -272,11 +285,13 @@ class ClusterRun(Run):
             except RuntimeError as exc:
                 lagging = [str(exc)]
             if not lagging:
-                return
+                self.nemesis_log.log("info", in_sync=when, seconds=round(time.monotonic() - started, 1))
+                return []
             time.sleep(0.5)
         self.nemesis_log.log("info", error=f"{when}: still under-replicated after {converge_s():.0f} s",
                              partitions=lagging)
         print(f"cluster run seed {self.seed}: {when}: still under-replicated: {lagging}", flush=True)
+        return lagging
 
     @property
     def client_bootstrap(self) -> str:
@@ -380,9 +395,13 @@ class ClusterRun(Run):
 
     def finish(self) -> dict[str, Report]:
         """The runner's checks, then the replicas compared on disk once the workers are done and every replica
-        is back in the ISR."""
+        is back in the ISR. A partition still without a leader or its whole ISR by then (converge_s() after the
+        heal and again after the workers) is an `under_replicated` anomaly: the cluster did not heal (a follower
+        kept out of the ISR for good passed every other check: faults cluster seed 21)."""
         reports = super().finish()
-        self._wait_in_sync("after the workers")
+        lagging = self._wait_in_sync("after the workers")
+        for topic, lines in by_topic(lagging, self.topics).items():
+            reports[topic].anomalies["under_replicated"].extend({"state": line} for line in lines)
         for topic in self.topics:
             for partition in range(PARTITIONS):
                 dirs = {node: self.cluster.directory / f"broker-{node}" / f"{topic}-{partition}"

@@ -475,7 +475,8 @@ def print_table(summary: dict[str, Any]) -> None:
     short = {"lost_writes": "lost", "duplicates": "dup", "aborted_reads": "G1a", "uncommitted_reads": "uncommit",
              "reordering": "reorder", "nonmonotonic_polls": "nonmono", "inconsistent_offsets": "inconsist",
              "phantoms": "phantom", "hanging_transactions": "hanging", "lost_commits": "lostcmt",
-             "group_skips": "grpskip", "replica_divergence": "diverge"}
+             "group_skips": "grpskip", "replica_divergence": "diverge",
+             "under_replicated": "underrep"}
     head = (f"{'workload':<14}{'client':<10}{'nemesis':<22}{'seed':>6}{'faults':>8}{'ops':>8}{'kills':>7}{'restarts':>10}"
             + "".join(f"{short[n]:>10}" for n in ANOMALIES))
     print(head)

@@ -158,7 +158,7 @@ def test_hanging_transaction(stuck_for, expect):
 def test_every_anomaly_has_a_test():
     tested = {"lost_writes", "duplicates", "aborted_reads", "uncommitted_reads", "reordering",
               "nonmonotonic_polls", "inconsistent_offsets", "phantoms", "hanging_transactions", "lost_commits", "group_skips",
-              "replica_divergence"}  # the last one: test_replicas.py
+              "replica_divergence", "under_replicated"}  # the last two: test_replicas.py, test_cluster_lagging.py
     assert tested == set(ANOMALIES)
 
 
