@@ -61,6 +61,14 @@ lint: setup
 bench: setup
 	$(PY) bench/produce_fetch.py
 
+# oncelog's 3-broker cluster beside Apache Kafka 4.4 with 3 KRaft nodes (jars from Maven Central, cached in ~/.m2),
+# interleaved, median of 3: produce MB/s and latency at RF 3, leader/controller SIGKILL, 10,000 partitions.
+# About 25 minutes on 2 cores; BENCH_CLUSTER_ARGS passes options (e.g. "--runs 1 --partitions 2000").
+BENCH_CLUSTER_ARGS ?=
+.PHONY: bench-cluster
+bench-cluster: setup coordination-setup
+	$(PY) bench/cluster.py $(BENCH_CLUSTER_ARGS)
+
 # Fault runs (tests/faults): RUNS runs, first every workload under all nemeses mixed, then each nemesis alone,
 # each with every client of CLIENTS in turn (confluent-kafka and oncelog's own);
 # prints the anomaly table and writes JSON to FAULTS_OUT (a directory or a .json path). Zero anomalies or exit 1.
