@@ -63,7 +63,7 @@ bench: setup
 
 # oncelog's 3-broker cluster beside Apache Kafka 4.4 with 3 KRaft nodes (jars from Maven Central, cached in ~/.m2),
 # interleaved, median of 3: produce MB/s and latency at RF 3, leader/controller SIGKILL, 10,000 partitions.
-# About 25 minutes on 2 cores; BENCH_CLUSTER_ARGS passes options (e.g. "--runs 1 --partitions 2000").
+# About 10 minutes on 2 cores; BENCH_CLUSTER_ARGS passes options (e.g. "--runs 1 --partitions 2000").
 BENCH_CLUSTER_ARGS ?=
 .PHONY: bench-cluster
 bench-cluster: setup coordination-setup

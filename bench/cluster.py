@@ -7,8 +7,9 @@ Maven Central), takes every measurement below on it in this order, and throws it
 
   produce      MB/s of `--mb` MiB of 1 KiB records, idempotent confluent-kafka (librdkafka) producer, acks=all,
                linger 5 ms (bench/client.py's settings), `--topic-partitions` partitions at RF 3,
-               min.insync.replicas 2. Kafka twice: at its default durability (page cache) and with the topic
-               config flush.messages=1 (an fsync per append). oncelog's default already fsyncs before acks=all.
+               min.insync.replicas 2, after `--warmup-mb` MiB not counted. Kafka twice: at its default
+               durability (page cache) and with the topic config flush.messages=1 (an fsync per append).
+               oncelog's default already fsyncs before acks=all.
   latency      `--latency-seconds` at a fixed `--rate-mb` MB/s, same producer with `--latency-linger-ms`: per
                message, from produce() to its delivery callback (the first second is warm-up, not counted).
   failover     SIGKILL the leader of a one-partition RF 3 topic while a producer writes every 10 ms: seconds to
@@ -234,6 +235,15 @@ def measure_produce(target: Target, args: argparse.Namespace, round_no: int) -> 
     if target.name == "kafka":
         rows["flush.messages=1"] = {"flush.messages": "1"}
     out: dict[str, Any] = {}
+    if args.warmup_mb:
+        # Not counted: every round starts fresh JVMs (Kafka's JIT, ZooKeeper's) and fresh Python brokers, and a
+        # short run would otherwise measure compilation as much as the broker.
+        topic = f"bench-warmup-{round_no}"
+        create_topic(target, topic, args.topic_partitions, 3, {"min.insync.replicas": str(MIN_ISR)})
+        wait_isr(target, topic, 3)
+        warm = produce_run(Producer, target.bootstrap, topic, args.topic_partitions,
+                           args.warmup_mb * 1024 * 1024 // RECORD)
+        out["warmup_mb_per_s"] = warm["mb_per_s"]
     count = args.mb * 1024 * 1024 // RECORD
     for row, config in rows.items():
         topic = f"bench-produce-{row.split('=')[0].replace('.', '-')}-{round_no}"
@@ -463,6 +473,8 @@ def main() -> int:
     parser.add_argument("--systems", default="oncelog,kafka", help="comma list of oncelog,kafka")
     parser.add_argument("--measurements", default=",".join(MEASUREMENTS), help="comma list of " + ",".join(MEASUREMENTS))
     parser.add_argument("--mb", type=int, default=128, help="MiB of 1 KiB records per produce run")
+    parser.add_argument("--warmup-mb", type=int, default=32,
+                        help="MiB produced (not counted) before the produce and latency runs of each round")
     parser.add_argument("--topic-partitions", type=int, default=6, help="partitions of the produce/latency topics")
     parser.add_argument("--rate-mb", type=float, default=10.0, help="MB/s offered in the latency run")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
@@ -509,7 +521,7 @@ def main() -> int:
 
     summary = summarize(runs)
     print(f"\ncluster benchmark: 3 brokers each, loopback, median [min..max] of {args.runs}; {args.mb} MiB produce "
-          f"runs of {RECORD} B records, {args.topic_partitions} partitions, RF 3, min.insync.replicas {MIN_ISR}, "
+          f"runs of {RECORD} B records after {args.warmup_mb} MiB of warm-up, {args.topic_partitions} partitions, RF 3, min.insync.replicas {MIN_ISR}, "
           f"acks=all, idempotent librdkafka; latency at {args.rate_mb:g} MB/s for {args.latency_seconds:g} s "
           f"(linger {args.latency_linger_ms:g} ms); N = {args.partitions} partitions at RF {args.partition_rf}")
     print(f"{'measurement':<44}{'unit':>6}" + "".join(f"{s:>26}" for s in systems))
