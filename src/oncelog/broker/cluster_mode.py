@@ -34,10 +34,12 @@ from ..cluster.metadata_store import CONNECTED, LOST, MetadataStore, StoreUnavai
 from ..cluster.producer_ids import ClusterProducerIds
 from ..cluster.replica_fetcher import ReplicaFetcherManager
 from ..cluster.replica_manager import ReplicaManager, Role
+from ..cluster.txn_markers import MarkerChannel
 from ..errors import ErrorCode
 from . import coordinator_leadership
 from .coordinator_leadership import follow_leadership
 from .partition_access import ReplicatedPartitionAccess
+from .txn_verification import LocalTxnCoordinator, TxnVerifier
 
 if TYPE_CHECKING:
     from ..cluster.metadata_image import ImageDelta
@@ -118,6 +120,7 @@ class ClusterMode:
         self.replicas: ReplicaManager | None = None
         self.fetchers: ReplicaFetcherManager | None = None
         self.inter_broker: InterBroker | None = None
+        self.marker_channel: MarkerChannel | None = None
         self.producer_ids: ClusterProducerIds | None = None
         self.broker_epoch: int = -1
         self.fatal_reason: str | None = None  # why the broker must end (its registration lost for good)
@@ -151,6 +154,14 @@ class ClusterMode:
         self.inter_broker = InterBroker(self.node_id, self.image, self.config)
         self.producer_ids = ClusterProducerIds(self._allocate_producer_ids)
         broker.producer_ids = self.producer_ids  # type: ignore[assignment]
+
+    def transaction_channels(self, coordinator: LocalTxnCoordinator) -> tuple[MarkerChannel, TxnVerifier]:
+        """The transaction coordinator's reach beyond this broker: WriteTxnMarkers to other leaders, and the
+        partitions' KIP-890 questions to other brokers' coordinators."""
+        assert self.inter_broker is not None
+        self.marker_channel = MarkerChannel(self.node_id, self.image, self.inter_broker)
+        timeout_s = self.config["replica.socket.timeout.ms"] / 1000
+        return self.marker_channel, TxnVerifier(self.node_id, self.image, self.inter_broker, coordinator, timeout_s)
 
     async def join(self, host: str, port: int) -> None:
         """After the listener is bound: register, take the replicas' roles, run the controller."""
@@ -413,6 +424,8 @@ class ClusterMode:
             await self.replicas.stop()
         if self.producer_ids is not None:
             await self.producer_ids.stop()
+        if self.marker_channel is not None:
+            self.marker_channel.close()
         if self.inter_broker is not None:
             await self.inter_broker.close()
         for task in list(self._tasks):

@@ -71,6 +71,9 @@ class Connection(asyncio.BufferedProtocol):
         self.close_at: int | None = None
         # Last fetch offset per partition, so records out can be counted when the next fetch moves past them.
         self.fetch_positions: dict[tuple[str, int], int] = {}
+        # Set while a produce request waits (for a remote transaction coordinator) before appending: the
+        # connection's later produce requests append after it (handlers/produce.py).
+        self.produce_gate: asyncio.Future[None] | None = None
         # What the client said it is in ApiVersions v3+ (e.g. "apache-kafka-java", "librdkafka").
         self.client_software: str | None = None
         self.last_active = time.monotonic()

@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .delayed import PartitionWatchers
     from .metrics import BrokerMetrics
     from .partition_access import PartitionAccess
+    from .txn_verification import TxnVerifier
 
 
 class ClientConnection(Protocol):
@@ -38,6 +39,8 @@ class ClientConnection(Protocol):
     client_software: str | None
     # Last fetch offset per partition, so records out are counted once.
     fetch_positions: dict[tuple[str, int], int]
+    # The produce request the connection's next ones must append after (None: none is waiting).
+    produce_gate: asyncio.Future[None] | None
 
     def close_after_pending(self, seq: int | None = None) -> None: ...
 
@@ -96,6 +99,10 @@ class BrokerServices(Protocol):
     def txn_coordinator(self) -> TransactionCoordinator | None: ...
     @property
     def group_coordinator(self) -> GroupCoordinator | None: ...
+    @property
+    def txn_verifier(self) -> TxnVerifier | None:
+        """Asks other brokers' transaction coordinators (KIP-890 verification); None on the single node."""
+        ...
     @property
     def metrics(self) -> BrokerMetrics: ...
     @property

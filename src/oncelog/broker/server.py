@@ -74,6 +74,9 @@ class Broker:
         self.producer_ids = ProducerIdManager(self.data_dir / "__oncelog_meta" / "producer-ids.json")
         self.txn_coordinator: TransactionCoordinator | None = None
         self.group_coordinator: GroupCoordinator | None = None
+        # Cluster mode: markers for other brokers' partitions and KIP-890 questions to other brokers' coordinators.
+        self.marker_channel: Any = None
+        self.txn_verifier: Any = None
         self.dispatcher = Dispatcher(self, HANDLERS, INTERNAL_HANDLERS)
         # Cluster mode (None: the single node). Set fatal when the broker must end (its node.id was taken while
         # its session was lost); `fatal_reason` says why.
@@ -133,7 +136,8 @@ class Broker:
             self.logs.startup(cluster_id=await self.cluster.connect())
             self.cluster.wire()
             self.txn_coordinator = TransactionCoordinator(self)
-            self.logs.set_verify_transaction(self.txn_coordinator.verify_partition)
+            self.marker_channel, self.txn_verifier = self.cluster.transaction_channels(self.txn_coordinator)
+            self.logs.set_verify_transaction(self.txn_verifier.check)
             self.group_coordinator = GroupCoordinator.for_broker(self)
         else:
             self.logs.startup()

@@ -1,4 +1,5 @@
-"""Requests from this broker to the others: admin requests forwarded to the controller, controlled shutdown.
+"""Requests from this broker to the others: admin requests forwarded to the controller, controlled shutdown,
+and single requests to a named broker (transaction markers, transaction verification).
 
 Admin requests that change metadata (CreateTopics, DeleteTopics, CreatePartitions, IncrementalAlterConfigs,
 AlterPartitionReassignments, ElectLeaders) are carried out by the controller (docs/cluster.md §5.2). A broker that
@@ -113,6 +114,20 @@ class InterBroker:
             await conn.connect()
             self._connections[node_id] = conn
             return conn
+
+    async def request(self, node_id: int, api_key: int, version: int, data: dict[str, Any], timeout_s: float) -> Any:
+        """One request to broker `node_id` (this one included: a transaction coordinator's marker for a partition
+        it has just come to lead goes the same way); the decoded response. A failed or timed-out exchange closes
+        the connection, so the next call opens a fresh one. Raises the client's KafkaError or OSError."""
+        payload = codecs.encode_request(api_key, version, data)
+        conn = await self.connection(node_id, timeout_s)
+        try:
+            frame = await conn.request(api_key, version, payload, timeout=max(timeout_s, 0.001))
+        except (ClientError, OSError):
+            await conn.close()
+            raise
+        assert frame is not None
+        return codecs.decode_response(api_key, version, bytes(frame))
 
     # -- the controller ----------------------------------------------------------------------------------------
     async def wait_for_controller_change(self, seconds: float) -> None:

@@ -489,6 +489,10 @@ class SourceFetcher:
                 fp.needs_snapshot = True
                 if fp.snapshot is not None and fp.snapshot.offset < start:
                     fp.snapshot = None
+                elif fp.snapshot is not None:
+                    # A state already here for exactly this start goes in now, before the next fetch from `start`
+                    # could count this replica as caught up without it.
+                    self._install_if_reached(fp)
             elif plog.log_end_offset > end:
                 self._truncate_to(fp, end)
             fp.out_of_range = False

@@ -8,7 +8,7 @@ module imports the other here either. A cluster-mode broker offers the same memb
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
@@ -73,6 +73,15 @@ class InternalPartitions(Protocol):
         ...
 
 
+class MarkerWriter(Protocol):
+    """Cluster mode: markers for the partitions other brokers lead (WriteTxnMarkers to each leader, retried
+    across leader changes); the answer per partition is NONE when written (or the topic is gone), a final
+    refusal, or REQUEST_TIMED_OUT when it could not be written before `timeout_s`."""
+
+    async def write(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int,
+                    partitions: Iterable[tuple[str, int]], timeout_s: float) -> dict[tuple[str, int], ErrorCode]: ...
+
+
 class MetricsRegistry(Protocol):
     """The broker's metrics, as far as a coordinator adds its own to them."""
 
@@ -95,6 +104,10 @@ class TransactionHost(Protocol):
     def producer_ids(self) -> ProducerIdSource: ...
     @property
     def group_coordinator(self) -> TxnOffsetsSink | None: ...
+    @property
+    def marker_channel(self) -> MarkerWriter | None:
+        """None on the single node, which leads every partition."""
+        ...
 
 
 class GroupHost(Protocol):

@@ -89,7 +89,7 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DELETE_RECORDS, 0, 2, 2),
         ApiSpec(ApiKey.INIT_PRODUCER_ID, 0, 5, 2),
         ApiSpec(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, 4),
-        ApiSpec(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 3, 3),
+        ApiSpec(ApiKey.ADD_PARTITIONS_TO_TXN, 0, 4, 3),
         ApiSpec(ApiKey.ADD_OFFSETS_TO_TXN, 0, 4, 3),
         ApiSpec(ApiKey.END_TXN, 0, 4, 3),
         ApiSpec(ApiKey.WRITE_TXN_MARKERS, 1, 1, 1),

@@ -67,12 +67,69 @@ def _client_facing(broker: BrokerServices, ctx: RequestContext, header: Any, err
 
 async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> Any:
     req = decode_produce_request(body, ctx.api_version)
+    conn = ctx.connection
+    earlier = conn.produce_gate
+    verify = _remote_verifications(broker, req)
+    if not verify and (earlier is None or earlier.done()):
+        topics, waits = _append_all(broker, ctx, req, {})
+        return await _answer(ctx, req, topics, waits)
+    # A transactional producer's first batch on a partition whose coordinator is another broker: ask it first
+    # (txn_verification). The connection's later produce requests wait behind this one's appends, so a client's
+    # pipelined batches still reach each partition in the order it sent them.
+    gate = asyncio.get_running_loop().create_future()
+    conn.produce_gate = gate
+    try:
+        if earlier is not None and not earlier.done():
+            await earlier
+        refused: dict[tuple[str, int], tuple[ErrorCode, str | None]] = {}
+        if verify:
+            pid, epoch, tps = verify
+            verifier = broker.txn_verifier
+            assert verifier is not None and req.transactional_id is not None
+            answers = await verifier.verify(req.transactional_id, pid, epoch, tps, req.timeout_ms / 1000)
+            refused = {tp: answer for tp, answer in answers.items() if answer[0]}
+        topics, waits = _append_all(broker, ctx, req, refused)
+    finally:
+        gate.set_result(None)
+        if conn.produce_gate is gate:
+            conn.produce_gate = None
+    return await _answer(ctx, req, topics, waits)
+
+
+def _remote_verifications(broker: BrokerServices, req: Any) -> tuple[int, int, list[tuple[str, int]]] | None:
+    """(producer id, epoch, partitions) whose first transactional batch needs a remote coordinator's word; None
+    for every request that is not transactional, and always on the single node."""
+    verifier = broker.txn_verifier
+    if verifier is None or not req.transactional_id:
+        return None
+    found: list[tuple[str, int]] = []
+    pid = epoch = -1
+    for topic_name, partitions in req.topics:
+        for index, records in partitions:
+            part = broker.partitions.leader(topic_name, index)
+            if isinstance(part, ErrorCode):
+                continue
+            try:
+                header = read_header(records)
+            except Exception:
+                continue          # malformed: the append path answers it
+            if verifier.needed(part, req.transactional_id, header.producer_id, header.is_transactional):
+                found.append((topic_name, index))
+                pid, epoch = header.producer_id, header.producer_epoch
+    return (pid, epoch, found) if found else None
+
+
+def _append_all(broker: BrokerServices, ctx: RequestContext, req: Any,
+                refused: dict[tuple[str, int], tuple[ErrorCode, str | None]]
+                ) -> tuple[list[tuple[str, list[_Slot]]], list[tuple[_Slot, Any]]]:
+    """Validate and append every batch, synchronously (no await: the order of appends is the order of requests
+    on the connection); the slots and the acks=all waits. `refused`: partitions a remote transaction
+    coordinator did not confirm, answered with its verdict."""
     acks = req.acks
     metrics = broker.metrics
     access = broker.partitions
     topics: list[tuple[str, list[_Slot]]] = []
     waits: list[tuple[_Slot, Any]] = []
-    failed = False
     now = now_ms()
     for topic_name, partitions in req.topics:
         slots: list[_Slot] = []
@@ -97,9 +154,9 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             if isinstance(part, ErrorCode):
                 slot.error = part
                 continue
-            refused = access.check_append(part, acks)
-            if refused:
-                slot.error = refused
+            refused_append = access.check_append(part, acks)
+            if refused_append:
+                slot.error = refused_append
                 continue
             slot.log_start_offset = access.log_start_offset(part)
             result = validate_produce(
@@ -113,6 +170,10 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
                 slot.message = result.message
                 continue
             header = result.header
+            verdict = refused.get((topic_name, index))
+            if verdict is not None:
+                slot.error, slot.message = _client_facing(broker, ctx, header, *verdict)
+                continue
             log_append_time = meta.config.log_append_time
             if log_append_time:
                 set_log_append_time(records, 0, header.size, now)
@@ -136,10 +197,13 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             if acks == -1:
                 # A duplicate's original may still be on its way to disk: wait for it just the same.
                 waits.append((slot, access.wait_acks_all(part, appended.last_offset + 1, req.timeout_ms)))
-    for _, slots in topics:
-        failed = failed or any(s.error for s in slots)
-    if acks == 0:
-        if failed:
+    return topics, waits
+
+
+async def _answer(ctx: RequestContext, req: Any, topics: list[tuple[str, list[_Slot]]],
+                  waits: list[tuple[_Slot, Any]]) -> Any:
+    if req.acks == 0:
+        if any(s.error for _, slots in topics for s in slots):
             # No response goes back for acks=0, so a closed connection is the only signal.
             ctx.connection.close_after_pending(ctx.seq)
         return None

@@ -20,21 +20,41 @@ MARKER_ACK_TIMEOUT_MS = 30000
 
 async def handle_add_partitions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, body)
+    if ctx.api_version >= 4:
+        return await _add_partitions_batched(broker, ctx, req)
     wanted = [(t.name, p) for t in req.v3_and_below_topics for p in t.partitions]
     results = await broker.txn_coordinator.add_partitions(
         req.v3_and_below_transactional_id, req.v3_and_below_producer_id, req.v3_and_below_producer_epoch,
         wanted, ctx.api_version,
     )
+    data = {"throttle_time_ms": 0, "results_by_topic_v3_and_below": _by_topic(results)}
+    return encode_response(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, data)
+
+
+async def _add_partitions_batched(broker: BrokerServices, ctx: RequestContext, req: Any) -> bytes:
+    """v4+, the inter-broker form: several transactions per request; `verify_only` asks whether the partitions
+    are in the producer's ongoing transaction (a partition leader's KIP-890 check) without adding anything."""
+    coordinator = broker.txn_coordinator
+    results = []
+    for txn in req.transactions:
+        wanted = [(t.name, p) for t in txn.topics for p in t.partitions]
+        if txn.verify_only:
+            owner = coordinator.owner_error(txn.transactional_id)
+            answers = {tp: owner or coordinator.verify_partition(
+                txn.transactional_id, txn.producer_id, txn.producer_epoch, *tp)[0] for tp in wanted}
+        else:
+            answers = await coordinator.add_partitions(txn.transactional_id, txn.producer_id, txn.producer_epoch,
+                                                       wanted, ctx.api_version)
+        results.append({"transactional_id": txn.transactional_id, "topic_results": _by_topic(answers)})
+    data = {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "results_by_transaction": results}
+    return encode_response(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, data)
+
+
+def _by_topic(results: dict[tuple[str, int], ErrorCode]) -> list[dict[str, Any]]:
     by_topic: dict[str, list[dict[str, Any]]] = {}
     for (topic, partition), error in results.items():
         by_topic.setdefault(topic, []).append({"partition_index": partition, "partition_error_code": error})
-    data = {
-        "throttle_time_ms": 0,
-        "results_by_topic_v3_and_below": [
-            {"name": topic, "results_by_partition": parts} for topic, parts in by_topic.items()
-        ],
-    }
-    return encode_response(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, data)
+    return [{"name": topic, "results_by_partition": parts} for topic, parts in by_topic.items()]
 
 
 async def handle_add_offsets(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
@@ -64,6 +84,8 @@ async def handle_txn_offset_commit(broker: BrokerServices, ctx: RequestContext, 
         for t in req.topics for p in t.partitions
     ]
     if not error:
+        error = await _verify_offsets_write(broker, req)
+    if not error:
         groups = getattr(broker, "group_coordinator", None)
         if groups is None:
             error = ErrorCode.COORDINATOR_NOT_AVAILABLE
@@ -81,8 +103,25 @@ async def handle_txn_offset_commit(broker: BrokerServices, ctx: RequestContext, 
     return encode_response(ApiKey.TXN_OFFSET_COMMIT, ctx.api_version, data)
 
 
+async def _verify_offsets_write(broker: BrokerServices, req: Any) -> ErrorCode:
+    """In a cluster, the group's offsets partition asks the producer's transaction coordinator (another broker)
+    before the producer's first transactional offsets go into it, as a produce would (txn_verification). The
+    retriable verdicts become COORDINATOR_LOAD_IN_PROGRESS, which TxnOffsetCommit clients retry."""
+    verifier, groups = broker.txn_verifier, broker.group_coordinator
+    if verifier is None or groups is None:
+        return ErrorCode.NONE
+    tp = (OFFSETS_TOPIC, groups.partition_for(req.group_id))
+    part = broker.partitions.leader(*tp)
+    if isinstance(part, ErrorCode) or not verifier.needed(part, req.transactional_id, req.producer_id, True):
+        return ErrorCode.NONE          # not led here (the write answers NOT_COORDINATOR), or nothing to ask
+    error, _ = (await verifier.verify(req.transactional_id, req.producer_id, req.producer_epoch, [tp]))[tp]
+    return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if error == ErrorCode.NOT_ENOUGH_REPLICAS else error
+
+
 async def handle_write_txn_markers(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
-    """Admin-driven markers (KIP-664 abort of a hanging transaction): written straight to the partitions."""
+    """Markers from another broker's transaction coordinator, and admin-driven ones (KIP-664 abort of a hanging
+    transaction): written to the partitions this broker leads, with acks=all. A marker also voids what a remote
+    coordinator confirmed for that producer and partition before (`txn_verification`)."""
     req = decode_request(ApiKey.WRITE_TXN_MARKERS, ctx.api_version, body)
     markers = []
     waits = []
@@ -96,6 +135,12 @@ async def handle_write_txn_markers(broker: BrokerServices, ctx: RequestContext, 
                 if isinstance(part, ErrorCode):
                     parts.append({"partition_index": index, "error_code": part})
                     continue
+                refused = broker.partitions.check_append(part, -1)
+                if refused:
+                    parts.append({"partition_index": index, "error_code": refused})
+                    continue
+                if broker.txn_verifier is not None:
+                    broker.txn_verifier.on_marker(t.name, index, marker.producer_id)
                 result = part.append_marker(marker.producer_id, marker.producer_epoch, marker.transaction_result,
                                             marker.coordinator_epoch, now)
                 entry = {"partition_index": index, "error_code": result.error}

@@ -3,7 +3,7 @@ seeds' recovery rules (KAFKA-9803 timeouts), all in one place.
 
 Every transition is written to `__transaction_state` and acknowledged (acks=all, through
 the broker's partition access) before anyone is told about it; markers go to partitions
-through `Partition.append_marker` (a local call standing in for WriteTxnMarkers), and
+through `Partition.append_marker` when this broker leads them, as WriteTxnMarkers otherwise, and
 `EndTxn` is answered once the markers are acknowledged, so a committed transaction is
 visible to read_committed readers the moment `commit_transaction()` returns.
 
@@ -14,8 +14,9 @@ transactional ids in the background (COORDINATOR_LOAD_IN_PROGRESS meanwhile),
 NOT_COORDINATOR, and every write names the leader epoch of its load (also as the markers'
 coordinator epoch, which partitions use to fence an older coordinator's markers). The
 single node calls `startup()`, which owns every partition at epoch 0 and creates the log on
-first use. Finishing the transactions a failed-over coordinator left in PrepareCommit or
-PrepareAbort on another broker's partitions is the next step (markers as requests).
+first use. In a cluster the markers of partitions other brokers lead go as WriteTxnMarkers
+requests (the broker's marker channel), so a transaction a failed-over coordinator left in
+PrepareCommit or PrepareAbort is finished by the next one wherever its partitions are.
 
 Where the seeds go beyond Kafka:
 - `last_producer_epoch` is persisted, so a retried InitProducerId(pid, epoch) whose first
@@ -50,7 +51,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
     from ...storage.partition import Partition
-    from ..host import TransactionHost
+    from ..host import MarkerWriter, TransactionHost
 
 log = logging.getLogger(__name__)
 
@@ -584,23 +585,34 @@ class TransactionCoordinator:
     async def _complete(self, meta: TransactionMetadata, commit: bool) -> ErrorCode:
         """Write the markers, wait until they are acknowledged, then persist CompleteX.
 
-        Markers carry the leader epoch of the transaction log partition's load as their coordinator epoch. A
-        partition this broker does not lead (another broker's, in a cluster) cannot take a local marker: the
-        transaction stays PrepareX and is retried (markers sent to other brokers are the next step)."""
+        Markers carry the leader epoch of the transaction log partition's load as their coordinator epoch. The
+        partitions this broker leads take them as local appends; in a cluster the others get them through the
+        broker's marker channel (WriteTxnMarkers to their leaders). Until every marker is written the
+        transaction stays PrepareX, and the timeout reaper retries it (`retry_unfinished`)."""
         load = self.owned.loaded(self.partition_for(meta.transactional_id))
         try:
             if load is None or not self._current(meta):
                 return ErrorCode.NOT_COORDINATOR
             access = self.broker.partitions
+            channel = self.broker.marker_channel
             waits = []
+            remote: list[tuple[str, int]] = []
             now = now_ms()
             for topic, index in sorted(meta.partitions):
                 part = access.leader(topic, index)
                 if isinstance(part, ErrorCode):
+                    if channel is not None:
+                        remote.append((topic, index))
+                        continue
                     if part == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                         continue  # the topic was deleted meanwhile
                     log.warning("marker for producer %d on %s-%d: %s; retried later", meta.producer_id, topic,
                                 index, part.name)
+                    return ErrorCode.COORDINATOR_NOT_AVAILABLE
+                refused = access.check_append(part, -1)
+                if refused:
+                    log.warning("marker for producer %d on %s: %s; retried later", meta.producer_id, part.name,
+                                refused.name)
                     return ErrorCode.COORDINATOR_NOT_AVAILABLE
                 result = part.append_marker(meta.producer_id, meta.producer_epoch, commit, load.leader_epoch, now)
                 if result.error:
@@ -614,10 +626,15 @@ class TransactionCoordinator:
                     if groups is not None:
                         groups.complete_txn(meta.producer_id, commit, index)
                 waits.append(access.wait_acks_all(part, result.last_offset + 1, WRITE_TIMEOUT_MS))
+            if remote:
+                assert channel is not None
+                waits.append(self._remote_markers(channel, meta, commit, load.leader_epoch, remote))
             if waits:
                 outcomes = await asyncio.gather(*waits, return_exceptions=True)
                 if any(isinstance(o, BaseException) for o in outcomes):
                     return ErrorCode.COORDINATOR_NOT_AVAILABLE
+            if not self._current(meta):
+                return ErrorCode.NOT_COORDINATOR
             target = meta.copy()
             target.state = TxnState.COMPLETE_COMMIT if commit else TxnState.COMPLETE_ABORT
             target.partitions = set()
@@ -631,6 +648,18 @@ class TransactionCoordinator:
                 if current is not None:
                     current.pending = False
             meta.pending = False
+
+    @staticmethod
+    async def _remote_markers(channel: MarkerWriter, meta: TransactionMetadata, commit: bool,
+                              coordinator_epoch: int, partitions: list[tuple[str, int]]) -> None:
+        """Markers for partitions other brokers lead; raises when some could not be written in time."""
+        answers = await channel.write(meta.producer_id, meta.producer_epoch, commit, coordinator_epoch, partitions,
+                                      WRITE_TIMEOUT_MS / 1000)
+        late = sorted(tp for tp, error in answers.items() if error == ErrorCode.REQUEST_TIMED_OUT)
+        if late:
+            log.warning("markers for producer %d (%s) not written yet on %s; retried later", meta.producer_id,
+                        meta.transactional_id, ", ".join(f"{t}-{p}" for t, p in late[:10]))
+            raise KafkaError(ErrorCode.REQUEST_TIMED_OUT, "markers not written")
 
     async def _fence_and_abort(self, meta: TransactionMetadata, timed_out: bool) -> ErrorCode:
         """Bump the epoch and abort the open transaction with markers at the new epoch.
