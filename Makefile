@@ -46,9 +46,9 @@ coordination-setup: setup
 	@$(VENV)/bin/oncelog coordination classpath >/dev/null \
 		|| echo "coordination-setup: ZooKeeper's jars not resolved; tests needing ZooKeeper will skip or fail"
 
-# Every cluster-mode test, the long ones (cluster_slow) included.
+# Every cluster-mode test, the long ones (cluster_slow) included: tests/cluster and the cluster fault runs.
 cluster-test: setup coordination-setup
-	$(PY) -m pytest -q tests/cluster $(PYTEST_ARGS)
+	$(PY) -m pytest -q tests/cluster tests/faults/test_cluster_fault_runs.py $(PYTEST_ARGS)
 
 # oncelog's client, CLI and Spark pipelines against Apache Kafka 4.4 (KRaft; jars from Maven Central, cached in
 # ~/.m2): one node with PLAINTEXT, SSL, SASL_SSL and SASL_PLAINTEXT listeners, and a 3-node cluster.
