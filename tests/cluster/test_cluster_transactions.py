@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.consumer import OffsetFetchRequest
 from kafka.protocol.metadata import FindCoordinatorRequest
@@ -195,3 +195,42 @@ def test_commit_markers_reach_a_partition_whose_leader_was_killed_before_the_com
     got = read_committed(c, "moving", 3)
     assert {p: len(v) for p, v in got.items()} == {0: 5, 1: 5, 2: 5}, (got, took)
     assert got[victim_partition] == [f"{victim_partition}-{i}".encode() for i in range(5)]
+
+
+def test_a_producer_whose_transaction_a_remote_coordinator_timed_out_recovers(cluster):
+    """KAFKA-9803 across brokers: the coordinator (one broker) aborts a transaction that outlived
+    transaction.timeout.ms with a marker at a bumped epoch on a partition another broker leads. The owner's next
+    batch at its old epoch is refused there; the leader asks the coordinator, which knows the owner, so the
+    answer is UNKNOWN_PRODUCER_ID (abortable for librdkafka), not the fatal INVALID_PRODUCER_EPOCH a zombie gets.
+    The producer aborts, takes the bumped epoch and commits its next transaction."""
+    c = cluster(**{"transaction.abort.timed.out.transaction.cleanup.interval.ms": 500})
+    leaders = create_spread_topic(c, "timed")
+    producer = Producer({"bootstrap.servers": c.bootstrap, "transactional.id": "t-timed", "acks": "all",
+                         "transaction.timeout.ms": 3000})
+    producer.init_transactions(60)
+    txn_coordinator = coordinator(c, "t-timed", 1)
+    partition = next(p for p, leader in leaders.items() if leader != txn_coordinator)
+    reports: list = []
+
+    def send(value: bytes) -> None:
+        reports.clear()
+        producer.produce("timed", value, partition=partition, on_delivery=lambda err, msg: reports.append(err))
+        assert producer.flush(60) == 0
+
+    producer.begin_transaction()
+    send(b"lost")
+    assert reports == [None]
+    with Txn(c.brokers[txn_coordinator].bootstrap) as w:
+        wait_for(lambda: w.state("t-timed") == "CompleteAbort", "the coordinator's timeout abort")
+    send(b"late")
+    assert [e.code() if e else None for e in reports] == [KafkaError.UNKNOWN_PRODUCER_ID], reports
+    with pytest.raises(KafkaException) as info:
+        producer.commit_transaction(30)
+    err = info.value.args[0]
+    assert err.txn_requires_abort() and not err.fatal(), err
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    send(b"recovered")
+    assert reports == [None]
+    producer.commit_transaction(60)
+    assert read_committed(c, "timed", 3)[partition] == [b"recovered"]

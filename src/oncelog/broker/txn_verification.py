@@ -77,12 +77,17 @@ class TxnVerifier:
         self._confirmed: dict[tuple[str, int, int], _Confirmation] = {}
 
     # -- the produce path ---------------------------------------------------------------------------------------
-    def needed(self, part: Partition, txn_id: str | None, producer_id: int, is_transactional: bool) -> bool:
+    def needed(self, part: Partition, txn_id: str | None, producer_id: int, epoch: int,
+               is_transactional: bool) -> bool:
         """Whether this batch must be confirmed by a remote coordinator before it is appended: the producer's
-        first transactional batch on the partition, and its coordinator is not this broker."""
+        first transactional batch on the partition, and its coordinator is not this broker. Not a batch at an
+        epoch older than the partition knows: the append refuses it for its epoch first, as on one broker."""
         if not is_transactional or producer_id < 0 or not txn_id:
             return False
         if part.producers.open_transaction(producer_id):
+            return False
+        entry = part.producers.entries.get(producer_id)
+        if entry is not None and entry.epoch > epoch:
             return False
         return self.coordinator.owner_error(txn_id) == ErrorCode.NOT_COORDINATOR
 

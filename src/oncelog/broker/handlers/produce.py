@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.produce_codec import (
@@ -71,7 +71,9 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     earlier = conn.produce_gate
     verify = _remote_verifications(broker, req)
     if not verify and (earlier is None or earlier.done()):
-        topics, waits = _append_all(broker, ctx, req, {})
+        topics, waits, stale = _append_all(broker, ctx, req, {})
+        if stale:
+            await _remote_stale_owners(broker, ctx, req, stale)
         return await _answer(ctx, req, topics, waits)
     # A transactional producer's first batch on a partition whose coordinator is another broker: ask it first
     # (txn_verification). The connection's later produce requests wait behind this one's appends, so a client's
@@ -88,11 +90,13 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             assert verifier is not None and req.transactional_id is not None
             answers = await verifier.verify(req.transactional_id, pid, epoch, tps, req.timeout_ms / 1000)
             refused = {tp: answer for tp, answer in answers.items() if answer[0]}
-        topics, waits = _append_all(broker, ctx, req, refused)
+        topics, waits, stale = _append_all(broker, ctx, req, refused)
     finally:
         gate.set_result(None)
         if conn.produce_gate is gate:
             conn.produce_gate = None
+    if stale:
+        await _remote_stale_owners(broker, ctx, req, stale)
     return await _answer(ctx, req, topics, waits)
 
 
@@ -113,7 +117,8 @@ def _remote_verifications(broker: BrokerServices, req: Any) -> tuple[int, int, l
                 header = read_header(records)
             except Exception:
                 continue          # malformed: the append path answers it
-            if verifier.needed(part, req.transactional_id, header.producer_id, header.is_transactional):
+            if verifier.needed(part, req.transactional_id, header.producer_id, header.producer_epoch,
+                               header.is_transactional):
                 found.append((topic_name, index))
                 pid, epoch = header.producer_id, header.producer_epoch
     return (pid, epoch, found) if found else None
@@ -121,15 +126,17 @@ def _remote_verifications(broker: BrokerServices, req: Any) -> tuple[int, int, l
 
 def _append_all(broker: BrokerServices, ctx: RequestContext, req: Any,
                 refused: dict[tuple[str, int], tuple[ErrorCode, str | None]]
-                ) -> tuple[list[tuple[str, list[_Slot]]], list[tuple[_Slot, Any]]]:
+                ) -> tuple[list[tuple[str, list[_Slot]]], list[tuple[_Slot, Any]], list[_Stale]]:
     """Validate and append every batch, synchronously (no await: the order of appends is the order of requests
-    on the connection); the slots and the acks=all waits. `refused`: partitions a remote transaction
-    coordinator did not confirm, answered with its verdict."""
+    on the connection); the slots, the acks=all waits, and the refusals for an old epoch that only a remote
+    transaction coordinator can tell apart (see _remote_stale_owners). `refused`: partitions a remote
+    transaction coordinator did not confirm, answered with its verdict."""
     acks = req.acks
     metrics = broker.metrics
     access = broker.partitions
     topics: list[tuple[str, list[_Slot]]] = []
     waits: list[tuple[_Slot, Any]] = []
+    stale: list[_Stale] = []
     now = now_ms()
     for topic_name, partitions in req.topics:
         slots: list[_Slot] = []
@@ -182,6 +189,9 @@ def _append_all(broker: BrokerServices, ctx: RequestContext, req: Any,
             slot.error, slot.message = appended.error, appended.message
             if appended.error:
                 slot.error, slot.message = _client_facing(broker, ctx, header, appended.error, appended.message)
+                if slot.error == ErrorCode.INVALID_PRODUCER_EPOCH and header.is_transactional \
+                        and broker.txn_verifier is not None and req.transactional_id:
+                    stale.append(_Stale(slot, topic_name, index, header.producer_id, header.producer_epoch))
                 if appended.error == ErrorCode.DUPLICATE_SEQUENCE_NUMBER and acks == -1:
                     # Clients take 46 as success, and the batch with that sequence lies somewhere below the log end,
                     # maybe not yet on the ISR: answer only once the high watermark reaches the log end, or a
@@ -197,7 +207,35 @@ def _append_all(broker: BrokerServices, ctx: RequestContext, req: Any,
             if acks == -1:
                 # A duplicate's original may still be on its way to disk: wait for it just the same.
                 waits.append((slot, access.wait_acks_all(part, appended.last_offset + 1, req.timeout_ms)))
-    return topics, waits
+    return topics, waits, stale
+
+
+class _Stale(NamedTuple):
+    slot: _Slot
+    topic: str
+    partition: int
+    producer_id: int
+    epoch: int
+
+
+async def _remote_stale_owners(broker: BrokerServices, ctx: RequestContext, req: Any, stale: list[_Stale]) -> None:
+    """A transactional batch refused for an old epoch, whose coordinator is another broker: ask it whether the
+    sender is the rightful owner whose transaction it timed out (KAFKA-9803) or a fenced zombie, as the local
+    coordinator tells it on one broker (`_client_facing`). The owner gets the answer its client recovers from
+    (abort, bump the epoch, go on); a zombie keeps INVALID_PRODUCER_EPOCH."""
+    verifier, coordinator = broker.txn_verifier, broker.txn_coordinator
+    assert verifier is not None and coordinator is not None
+    for item in stale:
+        if coordinator.owner_error(req.transactional_id) != ErrorCode.NOT_COORDINATOR:
+            continue           # the local coordinator already answered in _client_facing
+        tp = (item.topic, item.partition)
+        answers = await verifier.verify(req.transactional_id, item.producer_id, item.epoch, [tp],
+                                        req.timeout_ms / 1000)
+        code, message = answers[tp]
+        if code == ErrorCode.TRANSACTION_ABORTABLE:
+            item.slot.error = coordinator.stale_owner_code(ctx.connection.client_software)
+            item.slot.message = (f"The epoch {item.epoch} of producer {item.producer_id} was bumped by its "
+                                 "transaction coordinator (a timed-out transaction); abort it and continue")
 
 
 async def _answer(ctx: RequestContext, req: Any, topics: list[tuple[str, list[_Slot]]],

@@ -112,7 +112,8 @@ async def _verify_offsets_write(broker: BrokerServices, req: Any) -> ErrorCode:
         return ErrorCode.NONE
     tp = (OFFSETS_TOPIC, groups.partition_for(req.group_id))
     part = broker.partitions.leader(*tp)
-    if isinstance(part, ErrorCode) or not verifier.needed(part, req.transactional_id, req.producer_id, True):
+    if isinstance(part, ErrorCode) or not verifier.needed(part, req.transactional_id, req.producer_id,
+                                                                  req.producer_epoch, True):
         return ErrorCode.NONE          # not led here (the write answers NOT_COORDINATOR), or nothing to ask
     error, _ = (await verifier.verify(req.transactional_id, req.producer_id, req.producer_epoch, [tp]))[tp]
     return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if error == ErrorCode.NOT_ENOUGH_REPLICAS else error

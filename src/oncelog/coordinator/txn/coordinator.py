@@ -749,8 +749,13 @@ class TransactionCoordinator:
         meta = self.txns.get(txn_id) if txn_id is not None else None
         if meta is None or meta.producer_id != producer_id or not self._stale_owner(meta, epoch):
             return None
+        return self.stale_owner_code(client_software), self._stale_message(meta)
+
+    @staticmethod
+    def stale_owner_code(client_software: str | None) -> ErrorCode:
+        """The Produce answer that makes this client abort, bump its epoch and go on (see stale_epoch_answer)."""
         java = (client_software or "").startswith("apache-kafka-java")
-        return (ErrorCode.INVALID_PRODUCER_EPOCH if java else ErrorCode.UNKNOWN_PRODUCER_ID), self._stale_message(meta)
+        return ErrorCode.INVALID_PRODUCER_EPOCH if java else ErrorCode.UNKNOWN_PRODUCER_ID
 
     @staticmethod
     def _stale_message(meta: TransactionMetadata) -> str:
