@@ -132,6 +132,35 @@ def test_broker_death_elects_from_isr_at_next_epoch(coordination_connect):
     run(body())
 
 
+def test_a_broker_death_moves_a_thousand_leaderships_in_a_few_zookeeper_transactions(coordination_connect):
+    """The controller settles the partitions of a dead broker in multi-ops of SETTLE_BATCH states (one ZooKeeper
+    transaction, one fsync on the ensemble, each), not one write per partition: every moved state znode was
+    last written by one of ceil(1200 / 500) = 3 transactions."""
+    from oncelog.cluster.controller import SETTLE_BATCH
+    from oncelog.cluster.metadata_store import MetadataStore
+
+    count = 1200
+    async def body():
+        nodes = await start_nodes(coordination_connect, [1, 2, 3])
+        try:
+            ctl = active(nodes)
+            victim = next(n for n in nodes.values() if n is not ctl)
+            await _create(nodes, NewTopic("many", assignments={p: [victim.node_id, ctl.node_id]
+                                                               for p in range(count)}))
+            epochs = {p: _state(nodes, "many", p).leader_epoch for p in range(count)}
+            await victim.stop()
+            rest = {i: n for i, n in nodes.items() if n is not victim}
+            await until(converged(rest, lambda im: all(im.partition("many", p).leader == ctl.node_id
+                                                       for p in range(count))), "every leadership moved")
+            assert all(_state(rest, "many", p).leader_epoch == epochs[p] + 1 for p in range(count))
+            writes = {(await ctl.store.stat(MetadataStore.state_path("many", p))).mzxid for p in range(count)}
+            assert len(writes) == -(-count // SETTLE_BATCH), sorted(writes)
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
 def test_offline_partition_and_its_recovery(coordination_connect):
     async def body():
         nodes = await start_nodes(coordination_connect, [1, 2, 3])

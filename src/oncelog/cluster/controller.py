@@ -59,6 +59,7 @@ log = logging.getLogger(__name__)
 
 CAS_ATTEMPTS = 10          # re-read-and-decide rounds before a change is left to the next reconciliation
 WRITE_CONCURRENCY = 64     # partition writes in flight at once (each one ZooKeeper round trip)
+SETTLE_BATCH = 500         # partition states per multi-op when the controller settles many at once (~80 KB)
 STOP_TIMEOUT_S = 10.0      # for the controller's own tasks to end once cancelled
 
 T = TypeVar("T")
@@ -293,8 +294,8 @@ class Controller:
                 # The old incarnation of a restarted broker is dead: its leaderships move and it leaves the ISRs as
                 # after a death; the new incarnation rejoins by catching up.
                 live = set(self.image.brokers) - bounced
-                await self._for_each([k for k in keys if self._involves(k, bounced)], lambda k: self._settle(k, live))
-            await self._for_each(keys, lambda k: self._settle(k, None))
+                await self._settle_all([k for k in keys if self._involves(k, bounced)], live)
+            await self._settle_all(keys, None)
             await self._complete_ready(keys)
         except _SteppedDown:
             pass
@@ -302,6 +303,38 @@ class Controller:
     def _involves(self, key: TopicPartition, nodes: set[int]) -> bool:
         state = self.image.states.get(key)
         return state is not None and (state.leader in nodes or bool(nodes & set(state.isr)))
+
+    async def _settle_all(self, keys: Sequence[TopicPartition], live: set[int] | None) -> None:
+        """Decide every partition from the image and write the changes SETTLE_BATCH at a time, each batch one
+        multi-op (one ZooKeeper transaction instead of one per partition: a broker's death moves thousands of
+        leaderships in a few round trips). A batch whose compare-and-set fails (a leader's ISR write raced it)
+        is decided and written again one partition at a time."""
+        brokers = self.image.brokers if live is None else live
+        changes: list[tuple[str, int, PartitionState, PartitionState]] = []
+        for topic, p in keys:
+            a, s = self.image.assignment(topic, p), self.image.partition(topic, p)
+            if a is None or s is None:
+                continue
+            new = desired_state(a, s, brokers, self._shutting_down, self._unclean(topic))
+            if new is not None:
+                changes.append((topic, p, new, s))
+        for start in range(0, len(changes), SETTLE_BATCH):
+            batch = changes[start:start + SETTLE_BATCH]
+            self._require_active()
+            try:
+                await self._fenced(self.store.write_partition_states(
+                    [(t, p, new, old.version) for t, p, new, old in batch], self.epoch))
+            except (StaleVersion, RequestTooLarge):
+                await self._for_each([(t, p) for t, p, _, _ in batch], lambda k: self._settle(k, live))
+                continue
+            except StoreUnavailable as exc:
+                log.warning("controller %d: %d partition states not written (%s); next reconciliation",
+                            self.node_id, len(batch), exc)
+                continue
+            for t, p, new, old in batch:
+                if new.leader != old.leader:
+                    log.info("%s-%d: leader %d -> %d at leader epoch %d, ISR %s", t, p, old.leader, new.leader,
+                             new.leader_epoch, list(new.isr))
 
     async def _settle(self, key: TopicPartition, live: set[int] | None) -> None:
         unclean = self._unclean(key[0])

@@ -639,6 +639,31 @@ class MetadataStore:
             raise UnknownTopic(f"topic {name} vanished right after its creation")
         return info
 
+    async def write_partition_states(self, changes: Sequence[tuple[str, int, PartitionState, int]],
+                                     controller_epoch: int) -> None:
+        """The controller's CAS of many partition states at once, (topic, partition, new state, expected version)
+        each, in one multi-op behind its epoch check: all are written or none (StaleVersion when any of them
+        moved since it was read; the caller then decides those one by one). One ZooKeeper transaction, so one
+        fsync on the ensemble, instead of one per partition: moving the leaderships of thousands of partitions
+        after a broker's death takes a few round trips. Applies the states to the image."""
+        self._require_connected()
+        stamped = [(t, p, PartitionState(s.leader, s.leader_epoch, s.isr, controller_epoch, s.version,
+                                         s.log_start_floor), v) for t, p, s, v in changes]
+
+        def build(txn: Any) -> None:
+            for topic, partition, state, version in stamped:
+                txn.set_data(self._p(self.state_path(topic, partition)), _state_json(state), version=version)
+
+        try:
+            results = await self._commit(build, controller_epoch)
+        except (BadVersionError, NoNodeError) as exc:
+            raise StaleVersion(f"one of {len(changes)} partition states moved") from exc
+        stats = results[1:]
+        with self.image.batch():
+            for (topic, partition, state, _), stat in zip(stamped, stats, strict=True):
+                self.image.apply_partition_state(topic, partition, _replace_version(state, stat.version),
+                                                 stat.czxid)
+
     async def write_partition_state(self, topic: str, partition: int, new: PartitionState, expected_version: int,
                                     controller_epoch: int | None) -> int:
         """CAS of a partition's state on `expected_version`. The controller passes its epoch (checked in the same
@@ -1042,6 +1067,11 @@ class MetadataStore:
         """The JSON value of a znode (for tests and `oncelog` diagnostics)."""
         data, _ = await self._call(self._kz().get_async(self._p(rel)))
         return _load(data)
+
+    async def stat(self, rel: str) -> Any:
+        """A znode's ZooKeeper stat (versions, zxids: which transaction wrote it), for tests and diagnostics."""
+        _, stat = await self._call(self._kz().get_async(self._p(rel)))
+        return stat
 
     async def children(self, rel: str) -> list[str]:
         return list(await self._call(self._kz().get_children_async(self._p(rel))))
