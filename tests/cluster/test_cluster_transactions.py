@@ -234,3 +234,33 @@ def test_a_producer_whose_transaction_a_remote_coordinator_timed_out_recovers(cl
     assert reports == [None]
     producer.commit_transaction(60)
     assert read_committed(c, "timed", 3)[partition] == [b"recovered"]
+
+
+def test_an_open_transaction_commits_through_its_coordinators_sigkill(cluster):
+    """The transaction's state is on the replicated `__transaction_state` (acks=all): the coordinator's broker is
+    SIGKILLed while the transaction is open; the partition's next leader loads it, librdkafka finds the new
+    coordinator, and the commit writes markers to every partition, wherever it is led now."""
+    c = cluster(**{"transaction.state.log.replication.factor": 3, "transaction.state.log.min.isr": 2})
+    create_spread_topic(c, "survives")
+    producer = Producer({"bootstrap.servers": c.bootstrap, "transactional.id": "t-survives", "acks": "all"})
+    producer.init_transactions(60)
+    producer.begin_transaction()
+    for p in range(3):
+        for i in range(4):
+            producer.produce("survives", f"{p}-{i}".encode(), partition=p)
+    assert producer.flush(60) == 0
+    victim = coordinator(c, "t-survives", 1)
+    c.kill(victim)
+    try:
+        producer.commit_transaction(COMMIT_TIMEOUT_S)
+    except KafkaException as exc:
+        pytest.fail(f"commit through the coordinator's loss (broker {victim}): {exc}")
+    successor = coordinator(c, "t-survives", 1)
+    assert successor != victim
+    got = read_committed(c, "survives", 3)
+    assert got == {p: [f"{p}-{i}".encode() for i in range(4)] for p in range(3)}
+    # The producer goes on with the new coordinator.
+    producer.begin_transaction()
+    producer.produce("survives", b"next", partition=0)
+    producer.commit_transaction(60)
+    assert read_committed(c, "survives", 3)[0][-1] == b"next"
