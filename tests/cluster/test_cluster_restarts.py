@@ -18,6 +18,7 @@ test_cluster_brokers.py already runs a controlled shutdown under an idempotent p
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
@@ -207,7 +208,20 @@ def test_leader_sigstop_past_the_session_timeout_rejoins_with_the_new_leaders_lo
                     conf={"socket.timeout.ms": SESSION_MS}).start()
     try:
         wait_for(lambda: len(writer.acked) > FLOWING, "writes to flow", 60)
-        os.kill(proc.pid, signal.SIGSTOP)
+        # First give the leader a tail no follower has: both followers paused (for a fraction of a session, so
+        # nothing is elected) until the leader appended past the log end it had once they stopped (a fetch
+        # answered before that carried no more). Those records are not acknowledged; the new leader lacks them.
+        followers = [c.brokers[n].proc for n in others]
+        for f in followers:
+            os.kill(f.pid, signal.SIGSTOP)
+        try:
+            fetchable = list_offset(c, old, "paused", 0, LOG_END)[1]
+            divergent_end = wait_for(lambda: (end := list_offset(c, old, "paused", 0, LOG_END)[1]) > fetchable and end,
+                                     "the leader to append what its followers cannot have", SESSION_MS / 3000)
+            os.kill(proc.pid, signal.SIGSTOP)
+        finally:
+            for f in followers:
+                os.kill(f.pid, signal.SIGCONT)
         stopped = time.monotonic()
         try:
             new = wait_for(lambda: (lead := partitions(c, "paused", via=others[0])[0].leader_id) in others and lead,
@@ -232,8 +246,14 @@ def test_leader_sigstop_past_the_session_timeout_rejoins_with_the_new_leaders_lo
     leader_end = list_offset(c, new, "paused", 0, LOG_END)
     assert list_offset(c, new, "paused", 0) == leader_end == (0, len(writer.acked))
     assert list_offset(c, old, "paused", 0)[0] == 6  # NOT_LEADER_OR_FOLLOWER: it does not lead any more
+    # It cut its own tail when it came back: from at least the end it had reached, to no further than what its
+    # followers could have had (the new leader's log parts from its own there).
+    cuts = [(int(a), int(b)) for a, b in re.findall(rf"paused-0: truncated from (\d+) to (\d+) following broker {new} ",
+                                                  c.brokers[old].log_path.read_text())]
+    assert len(cuts) == 1 and cuts[0][0] >= divergent_end and cuts[0][1] <= fetchable, (cuts, fetchable, divergent_end)
     log = check_logs(c, writer, "paused", parts)
     # Every record in the log acknowledged once, the old leader's included (check_logs made it lead in turn and
     # read it): no divergent record left from its pause.
     assert len(log[0]) == len(writer.acked) == writer.produced
-    print(f"leader {old} paused {paused:.1f} s (session {SESSION_MS} ms); broker {new} took over")
+    print(f"leader {old} paused {paused:.1f} s (session {SESSION_MS} ms) with offsets {fetchable}-{divergent_end} "
+          f"on no follower; broker {new} took over")
