@@ -55,7 +55,7 @@ MIN_ISR = 2
 START_TIMEOUT_S = 180.0
 FAILOVER_TIMEOUT_S = 120.0     # a kill that has produced no acknowledged write by then is reported as failed
 ISR_TIMEOUT_S = 180.0
-ATTEMPT_TIMEOUT_S = 3.0        # one CreateTopics attempt after a controller kill: the resolution of that figure
+ATTEMPT_TIMEOUT_S = 1.0        # one CreateTopics attempt after a controller kill: the resolution of that figure
 
 
 # -- the two systems behind one interface ------------------------------------------------------------------
