@@ -432,8 +432,9 @@ def test_partitioned_controller_expires_and_comes_back_as_a_member(coordination,
 
 def test_oversized_operations_are_refused_and_big_topics_deleted_in_steps(coordination_connect, monkeypatch):
     """ZooKeeper drops the connection of a request over jute.maxbuffer; the store measures every multi-op first.
-    Creations that do not fit are refused as Kafka refuses an oversized operation; a topic grown past what one
-    deletion fits is deleted in steps. (The limit is lowered here so that small topics reach it.)"""
+    A creation that does not fit goes in steps behind a `creating` mark; one whose topic znode alone does not fit,
+    and a CreatePartitions that does not, are refused as Kafka refuses an oversized operation; a topic grown past
+    what one deletion fits is deleted in steps. (The limit is lowered here so that small topics reach it.)"""
     from oncelog.cluster import metadata_store
 
     monkeypatch.setattr(metadata_store, "MAX_MULTI_BYTES", 20_000)
@@ -442,9 +443,22 @@ def test_oversized_operations_are_refused_and_big_topics_deleted_in_steps(coordi
         nodes = await start_nodes(coordination_connect, [1, 2, 3])
         try:
             ctl = active(nodes).controller
-            too_big = await ctl.create_topics([NewTopic("huge", 400, 2)])
-            assert too_big["huge"] == TopicResult(ErrorCode.POLICY_VIOLATION,
-                                                  "Unable to perform excessively large batch operation.")
+            # Too big for one request: created in steps, and every image shows it whole or not at all.
+            seen: list[int] = []
+            for node in nodes.values():
+                node.image.subscribe(lambda delta, im=node.image: seen.extend(
+                    len([k for k in im.states if k[0] == "huge"]) for t in delta.topics_added if t == "huge"))
+            created = await ctl.create_topics([NewTopic("huge", 400, 2)])
+            assert created["huge"].code == ErrorCode.NONE, created
+            await until(converged(nodes, lambda im: len([k for k in im.states if k[0] == "huge"]) == 400), "huge")
+            assert seen == [400, 400, 400]
+            assert active(nodes).store.pending_creations == set()
+            # A topic whose own znode (its assignment) exceeds one request is refused as Kafka refuses an
+            # oversized operation.
+            too_big = await ctl.create_topics([NewTopic("huger", 3000, 2)])
+            assert too_big["huger"] == TopicResult(ErrorCode.POLICY_VIOLATION,
+                                                   "Unable to perform excessively large batch operation.")
+            assert "huger" not in await active(nodes).store.children("/topics")
             await _create(nodes, NewTopic("t", 40, 2))
             for count in (80, 120, 160, 200, 240):
                 grown = await ctl.create_partitions({"t": (count, None)})
@@ -453,9 +467,63 @@ def test_oversized_operations_are_refused_and_big_topics_deleted_in_steps(coordi
             await until(converged(nodes, lambda im: len([k for k in im.states if k[0] == "t"]) == 240), "240")
             deleted = await ctl.delete_topics(["t"])
             assert deleted["t"].code == ErrorCode.NONE
-            await until(converged(nodes, lambda im: "t" not in im.topics and not im.states and "t" in im.deleting),
+            await until(converged(nodes, lambda im: "t" not in im.topics and "t" in im.deleting
+                                  and not any(k[0] == "t" for k in im.states)),
                         "the big topic gone everywhere")
-            assert await active(nodes).store.children("/topics") == []
+            assert await active(nodes).store.children("/topics") == ["huge"]
+        finally:
+            await stop_all(nodes)
+
+    run(body())
+
+
+def test_a_creation_in_steps_its_controller_did_not_finish_is_removed_by_the_next(coordination_connect,
+                                                                                   monkeypatch):
+    """The controller loses ZooKeeper between the steps of a big creation (and cannot clean up): no image ever
+    shows the half-made topic, the next controller removes it, and the same CreateTopics then succeeds."""
+    import asyncio
+
+    from oncelog.cluster import metadata_store
+    from oncelog.cluster.metadata_store import StoreUnavailable
+
+    monkeypatch.setattr(metadata_store, "MAX_MULTI_BYTES", 20_000)
+
+    async def body():
+        nodes = await start_nodes(coordination_connect, [1, 2, 3])
+        try:
+            first = active(nodes)
+            store = first.store
+            real = store._commit
+            steps = 0
+            reached, release = asyncio.Event(), asyncio.Event()
+
+            async def fails_after_two_steps(build, controller_epoch):
+                nonlocal steps
+                steps += 1
+                if steps >= 3:                 # the topic znode and one batch of partitions are written
+                    reached.set()
+                    await release.wait()
+                    raise StoreUnavailable("ZooKeeper session is SUSPENDED (test)")
+                return await real(build, controller_epoch)
+
+            store._commit = fails_after_two_steps
+            creation = asyncio.ensure_future(first.controller.create_topics([NewTopic("half", 400, 2)]))
+            await asyncio.wait_for(reached.wait(), 30)
+            rest = {i: n for i, n in nodes.items() if n is not first}
+            assert "half" in await next(iter(rest.values())).store.children("/topics")
+            assert all("half" not in n.image.topics and not any(k[0] == "half" for k in n.image.states)
+                       for n in nodes.values())
+            release.set()
+            await asyncio.gather(creation, return_exceptions=True)
+            assert steps > 3                   # its own clean-up was tried, and failed
+            assert "half" in await next(iter(rest.values())).store.children("/topics")
+            await first.stop()
+            await until(lambda: any(n.active for n in rest.values()), "a new controller")
+            ctl = active(rest)
+            await until(lambda: "half" not in ctl.store.pending_creations, "the half-made topic removed")
+            assert "half" not in await ctl.store.children("/topics")
+            await _create(rest, NewTopic("half", 400, 2))
+            assert all(len([k for k in n.image.states if k[0] == "half"]) == 400 for n in rest.values())
         finally:
             await stop_all(nodes)
 

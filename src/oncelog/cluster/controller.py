@@ -268,6 +268,13 @@ class Controller:
         self._shutting_down = {n: e for n, e in self._shutting_down.items() if self.image.broker_epoch(n) == e}
         self._reconcile_all = True
         await self._reconcile()
+        try:
+            abandoned = await self._fenced(self.store.abandon_creations(self.epoch))
+        except (StoreUnavailable, _SteppedDown):
+            return
+        if abandoned:
+            log.info("controller %d: removed topics a previous controller did not finish creating: %s",
+                     self.node_id, abandoned)
 
     # ---- reconciliation: broker deaths, returns and restarts -------------------------------------------------
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import functools
 import json
 import logging
@@ -162,13 +163,20 @@ def _state_from(data: bytes, stat: ZnodeStat) -> PartitionState:
                           int(v.get("controller_epoch", 0)), stat.version, int(v.get("log_start_floor", 0)))
 
 
-def _topic_json(topic_id: bytes, assignment: Mapping[int, PartitionAssignment]) -> bytes:
-    return _dump({
+def _topic_json(topic_id: bytes, assignment: Mapping[int, PartitionAssignment], creating: bool = False) -> bytes:
+    value: dict[str, Any] = {
         "topic_id": encode_topic_id(topic_id),
         "replicas": {str(p): list(a.replicas) for p, a in sorted(assignment.items())},
         "adding": {str(p): list(a.adding) for p, a in sorted(assignment.items()) if a.adding},
         "removing": {str(p): list(a.removing) for p, a in sorted(assignment.items()) if a.removing},
-    })
+    }
+    if creating:
+        value["creating"] = True        # created in steps (too big for one request): invisible until cleared
+    return _dump(value)
+
+
+def _creating(data: bytes) -> bool:
+    return bool(_load(data).get("creating"))
 
 
 def _topic_from(name: str, data: bytes, stat: ZnodeStat) -> TopicInfo:
@@ -235,6 +243,8 @@ class MetadataStore:
         self._session_id: int | None = None
         self._registration: _Registration | None = None
         self._controller: tuple[int, int] | None = None       # (controller epoch, /controller_epoch znode version)
+        # Topics whose znode says `creating` (created in steps by a controller, not visible yet).
+        self.pending_creations: set[str] = set()
         self._listeners: list[Callable[[str], None]] = []
         self._tasks: set[asyncio.Task] = set()
         self._confirmed_at = float("-inf")
@@ -631,13 +641,87 @@ class MetadataStore:
             txn.create(self._p(f"{TOPIC_CONFIGS}/{name}"), _dump({"config": dict(configs)}))
 
         try:
-            await self._commit(build, controller_epoch)
+            try:
+                await self._commit(build, controller_epoch)
+            except RequestTooLarge:
+                await self._create_in_steps(name, topic_id, parts, configs, controller_epoch, initial)
         except NodeExistsError as exc:
             raise TopicExists(f"Topic '{name}' already exists.") from exc
         info = await self._read_topic(name, full=True)
         if info is None:
             raise UnknownTopic(f"topic {name} vanished right after its creation")
         return info
+
+    async def _create_in_steps(self, name: str, topic_id: bytes, parts: Mapping[int, PartitionAssignment],
+                               configs: Mapping[str, str], controller_epoch: int,
+                               initial: Mapping[int, tuple[int, Sequence[int]]] | None) -> None:
+        """A topic too big for one ZooKeeper request (jute.maxbuffer): its znode first, marked `creating` (every
+        image ignores it), then its partitions' znodes a batch per multi-op, then, atomically, the mark cleared
+        and the config written: the topic appears whole or not at all. Every step carries the controller-epoch
+        check; a creation a controller left unfinished is removed by the next one (`abandon_creations`)."""
+        base = self._p(self.topic_path(name))
+
+        def first(txn: Any) -> None:
+            txn.create(base, _topic_json(topic_id, parts, creating=True))
+            txn.create(f"{base}/partitions", b"")
+
+        await self._commit(first, controller_epoch)
+        try:
+            await self._create_partitions_then_reveal(name, topic_id, parts, configs, controller_epoch, initial)
+        except BaseException:
+            with contextlib.suppress(Exception):     # best effort; else the next controller removes it
+                self.pending_creations.add(name)
+                await self.abandon_creations(controller_epoch, only=name)
+            raise
+
+    async def _create_partitions_then_reveal(self, name: str, topic_id: bytes,
+                                             parts: Mapping[int, PartitionAssignment], configs: Mapping[str, str],
+                                             controller_epoch: int,
+                                             initial: Mapping[int, tuple[int, Sequence[int]]] | None) -> None:
+        base = self._p(self.topic_path(name))
+        items = sorted(parts.items())
+        # Two creates per partition: paths, a state of at most ~200 bytes, headers and ACLs; half the limit.
+        batch = max(1, MAX_MULTI_BYTES // 2 // (2 * (len(base) + 96) + 200))
+        for i in range(0, len(items), batch):
+            def states(txn: Any, chunk: Sequence[tuple[int, PartitionAssignment]] = items[i:i + batch]) -> None:
+                for p, a in chunk:
+                    leader, isr = (initial or {}).get(p, (a.replicas[0], a.replicas))
+                    txn.create(f"{base}/partitions/{p}", b"")
+                    txn.create(f"{base}/partitions/{p}/state",
+                               _state_json(PartitionState(leader, 0, tuple(isr), controller_epoch, 0)))
+
+            await self._commit(states, controller_epoch)
+
+        def finish(txn: Any) -> None:
+            txn.set_data(base, _topic_json(topic_id, parts), version=0)
+            txn.create(self._p(f"{TOPIC_CONFIGS}/{name}"), _dump({"config": dict(configs)}))
+
+        await self._commit(finish, controller_epoch)
+
+    async def abandon_creations(self, controller_epoch: int, only: str | None = None) -> list[str]:
+        """A new controller removes the topics a previous one began to create in steps and did not finish (never
+        visible to anyone); their CreateTopics got no success answer, and a retry creates them anew. `only`: the
+        creation this controller just failed to finish."""
+        gone = []
+        for name in sorted(self.pending_creations if only is None else {only}):
+            base = self._p(self.topic_path(name))
+            try:
+                data, stat = await self._call(self._kz().get_async(base))
+            except NoNodeError:
+                self.pending_creations.discard(name)
+                continue
+            if not _creating(data):
+                continue
+            await self._delete_partition_znodes(name, controller_epoch)
+            try:
+                await self._commit(lambda txn, b=base, v=stat.version: (txn.delete(f"{b}/partitions"),
+                                                                         txn.delete(b, version=v)),
+                                   controller_epoch)
+            except (NoNodeError, BadVersionError, NotEmptyError):
+                continue                  # changed meanwhile: looked at again by the next controller
+            self.pending_creations.discard(name)
+            gone.append(name)
+        return gone
 
     async def write_partition_states(self, changes: Sequence[tuple[str, int, PartitionState, int]],
                                      controller_epoch: int) -> None:
@@ -923,8 +1007,13 @@ class MetadataStore:
             data, stat = await self._call(self._kz().get_async(self._p(self.topic_path(name)),
                                                                watch=self._data_watch))
         except NoNodeError:
+            self.pending_creations.discard(name)
             self.image.remove_topic(name, held.created if held is not None else None)
             return None
+        if _creating(data):
+            self.pending_creations.add(name)  # being created in steps: not a topic yet (its watch tells when)
+            return None
+        self.pending_creations.discard(name)
         info = _topic_from(name, data, stat)
         if full or held is None or held.created != info.created:     # a new topic or a new incarnation
             partitions = list(info.assignment)
