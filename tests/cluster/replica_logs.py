@@ -47,13 +47,14 @@ class Delivery:
 
 @dataclass
 class Writer:
-    """Numbered records (b"%08d") to `partitions` in turn, one every few ms, until `stop`. Records to one partition
-    are numbered in increasing order, so a partition's log must hold them sorted."""
+    """Numbered records (b"%08d") to `partitions` in turn, one per `pace_s` at most, until `stop`. Records to one
+    partition are numbered in increasing order, so a partition's log must hold them sorted."""
     bootstrap: str
     topic: str
     partitions: list[int]
     message_timeout_ms: int
     conf: dict[str, Any] = field(default_factory=dict)   # more producer settings
+    pace_s: float = 0.003                                  # poll() wait after each record: the write rate
     acked: list[Delivery] = field(default_factory=list)
     failed: list[tuple[bytes, str]] = field(default_factory=list)
     client_errors: list[KafkaError] = field(default_factory=list)
@@ -89,7 +90,7 @@ class Writer:
                     producer.poll(0.1)
                     continue
                 self.produced += 1
-                producer.poll(0.003)
+                producer.poll(self.pace_s)
             self.remaining = producer.flush(self.message_timeout_ms / 1000 + 10)
         except BaseException as exc:  # noqa: BLE001 - re-raised by stop()
             self._failure = exc
@@ -191,6 +192,19 @@ def read_log(c: ClusterProcess, topic: str, parts: list[int]) -> dict[int, list[
         consumer.close()
 
 
+def lead(c: ClusterProcess, admin: KafkaAdminClient, topic: str, parts: list[int], leader: int) -> None:
+    """Make `leader` lead every partition of `parts` (the others keep their order after it): replica order, then a
+    preferred election where it does not lead yet; returns once Metadata shows it."""
+    order = [leader] + [r for r in NODES if r != leader]
+    admin.alter_partition_reassignments({TopicPartition(topic, p): order for p in parts})
+    wait_for(lambda: all(s.replica_nodes == order for p, s in partitions(c, topic).items() if p in parts),
+             f"the replica order {order}")
+    wait_isr_whole(c, topic)
+    admin.elect_leaders(0, {topic: parts}, raise_errors=False)  # ELECTION_NOT_NEEDED where it leads
+    wait_for(lambda: all(s.leader_id == leader for p, s in partitions(c, topic).items() if p in parts),
+             f"broker {leader} to lead {topic} {parts}")
+
+
 def served_by_each(c: ClusterProcess, topic: str, parts: list[int],
                    ends: dict[int, dict[int, tuple[int, int]]] | None = None,
                    ) -> dict[int, dict[int, list[tuple[int, bytes]]]]:
@@ -200,14 +214,7 @@ def served_by_each(c: ClusterProcess, topic: str, parts: list[int],
     served: dict[int, dict[int, list[tuple[int, bytes]]]] = {}
     try:
         for leader in NODES:
-            order = [leader] + [r for r in NODES if r != leader]
-            admin.alter_partition_reassignments({TopicPartition(topic, p): order for p in parts})
-            wait_for(lambda o=order: all(s.replica_nodes == o for s in partitions(c, topic).values()),
-                     f"the replica order {order}")
-            wait_isr_whole(c, topic)
-            admin.elect_leaders(0, {topic: parts}, raise_errors=False)  # ELECTION_NOT_NEEDED where it leads
-            wait_for(lambda lead=leader: all(s.leader_id == lead for s in partitions(c, topic).values()),
-                     f"broker {leader} to lead every partition of {topic}")
+            lead(c, admin, topic, parts, leader)
             served[leader] = read_log(c, topic, parts)
             if ends is not None:  # a new leader answers OFFSET_NOT_AVAILABLE until its high watermark is current
                 ends[leader] = {p: (wait_for(lambda p=p, n=leader: (r := list_offset(c, n, topic, p))[0] == 0 and r,

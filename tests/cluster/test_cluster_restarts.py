@@ -91,9 +91,12 @@ def test_whole_cluster_sigkill_and_restart_loses_no_acknowledged_write(cluster):
     c = cluster
     parts = create(c, "durable", 3)
     # The producer keeps its records across the outage (a message timeout well past a restart) and goes on after.
-    writer = Writer(c.bootstrap, "durable", parts, message_timeout_ms=int(3 * converge_s() * 1000)).start()
+    # Written as fast as it goes, so that many records are in flight (appended somewhere, not yet acknowledged)
+    # when the brokers die.
+    writer = Writer(c.bootstrap, "durable", parts, message_timeout_ms=int(3 * converge_s() * 1000),
+                    pace_s=0).start()
     try:
-        wait_for(lambda: len(writer.acked) > 2 * FLOWING, "writes to flow", 60)
+        wait_for(lambda: len(writer.acked) > 10 * FLOWING, "writes to flow", 60)
         pids = [b.proc.pid for b in c.brokers.values() if b.proc is not None]
         for pid in pids:  # all three before any is reaped: none outlives another
             os.kill(pid, signal.SIGKILL)
@@ -191,7 +194,8 @@ def test_rolling_restart_under_load_with_zero_client_errors(cluster):
         assert read.setdefault((p, o), v) == v
     assert {k: read[k] for k in acked} == acked
     check_logs(c, writer, "rolling", parts)
-    print(f"records delivered to the group: {len(reader.records)} for {len(read)} offsets")
+    print(f"records delivered to the group: {len(reader.records)} for {len(read)} offsets; connection errors "
+          f"(_TRANSPORT) reported: producer {len(writer.client_errors)}, consumer {len(reader.errors)}")
 
 
 def test_leader_sigstop_past_the_session_timeout_rejoins_with_the_new_leaders_log(cluster):

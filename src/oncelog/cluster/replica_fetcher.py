@@ -341,6 +341,10 @@ class SourceFetcher:
     def _truncate_to(self, fp: FetchPartition, offset: int) -> None:
         plog = fp.part.log
         if offset >= plog.log_end_offset:
+            # Nothing to cut, but an epoch this broker started as leader at its log end and wrote nothing in stays
+            # the latest one it names in fetches, and the leader, which never had it, answers DivergingEpoch at
+            # this same offset again and again. Drop it, as Kafka's UnifiedLog.truncateTo does.
+            fp.part.leader_epochs.truncate_from_end(plog.log_end_offset)
             return
         topic, index = fp.key
         before = plog.log_end_offset
