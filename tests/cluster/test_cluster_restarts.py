@@ -30,7 +30,15 @@ from confluent_kafka import Consumer, KafkaError
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from oncelog.embedded import ClusterProcess
-from tests.cluster.cluster_processes import SESSION_MS, SETTINGS, START_S, converge_s, partitions, wait_for
+from tests.cluster.cluster_processes import (
+    SESSION_MS,
+    SETTINGS,
+    START_S,
+    converge_s,
+    partitions,
+    produce,
+    wait_for,
+)
 from tests.cluster.replica_logs import (
     LOG_END,
     NODES,
@@ -41,6 +49,7 @@ from tests.cluster.replica_logs import (
     wait_replicas_agree,
 )
 
+DIVERGENT = b"only-on-the-paused-leader"
 FLOWING = 300  # acknowledged records that show writes flow (a few seconds of the writer's pace)
 
 
@@ -213,19 +222,21 @@ def test_leader_sigstop_past_the_session_timeout_rejoins_with_the_new_leaders_lo
     try:
         wait_for(lambda: len(writer.acked) > FLOWING, "writes to flow", 60)
         # First give the leader a tail no follower has: both followers paused (for a fraction of a session, so
-        # nothing is elected) until the leader appended past the log end it had once they stopped (a fetch
-        # answered before that carried no more). Those records are not acknowledged; the new leader lacks them.
+        # nothing is elected) while it takes an acks=1 record past the log end it had once they stopped (a fetch
+        # answered before that carried no more), then the leader paused. The new leader lacks that record (and
+        # whatever the producer's in-flight batches added there, never acknowledged).
         followers = [c.brokers[n].proc for n in others]
         for f in followers:
             os.kill(f.pid, signal.SIGSTOP)
         try:
             fetchable = list_offset(c, old, "paused", 0, LOG_END)[1]
-            divergent_end = wait_for(lambda: (end := list_offset(c, old, "paused", 0, LOG_END)[1]) > fetchable and end,
-                                     "the leader to append what its followers cannot have", SESSION_MS / 3000)
+            code, at = produce(c, old, "paused", 0, [DIVERGENT], acks=1, timeout_ms=SESSION_MS // 3)
+            divergent_end = list_offset(c, old, "paused", 0, LOG_END)[1]
             os.kill(proc.pid, signal.SIGSTOP)
         finally:
             for f in followers:
                 os.kill(f.pid, signal.SIGCONT)
+        assert code == 0 and fetchable <= at < divergent_end
         stopped = time.monotonic()
         try:
             new = wait_for(lambda: (lead := partitions(c, "paused", via=others[0])[0].leader_id) in others and lead,
@@ -256,6 +267,7 @@ def test_leader_sigstop_past_the_session_timeout_rejoins_with_the_new_leaders_lo
                                                   c.brokers[old].log_path.read_text())]
     assert len(cuts) == 1 and cuts[0][0] >= divergent_end and cuts[0][1] <= fetchable, (cuts, fetchable, divergent_end)
     log = check_logs(c, writer, "paused", parts)
+    assert DIVERGENT not in {v for _, v in log[0]}  # on no replica: check_logs compared them all
     # Every record in the log acknowledged once, the old leader's included (check_logs made it lead in turn and
     # read it): no divergent record left from its pause.
     assert len(log[0]) == len(writer.acked) == writer.produced
