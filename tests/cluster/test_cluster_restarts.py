@@ -212,6 +212,9 @@ def test_leader_sigstop_past_the_session_timeout_rejoins_with_the_new_leaders_lo
     parts = create(c, "paused", 1)
     old = partitions(c, "paused")[0].leader_id
     others = [n for n in NODES if n != old]
+    admin = AdminClient({"bootstrap.servers": c.bootstrap})
+    admin.create_topics([NewTopic("barrier", num_partitions=1, replica_assignment=[[old, *others]])])["barrier"].result(60)
+    wait_isr_whole(c, "barrier")
     proc: Any = c.brokers[old].proc
     # A paused broker keeps its connections open and answers nothing: the producer gives up on a request after a
     # session timeout (librdkafka's socket.timeout.ms, 60 s by default; its produce requests wait on the old
@@ -222,13 +225,16 @@ def test_leader_sigstop_past_the_session_timeout_rejoins_with_the_new_leaders_lo
     try:
         wait_for(lambda: len(writer.acked) > FLOWING, "writes to flow", 60)
         # First give the leader a tail no follower has: both followers paused (for a fraction of a session, so
-        # nothing is elected) while it takes an acks=1 record past the log end it had once they stopped (a fetch
-        # answered before that carried no more), then the leader paused. The new leader lacks that record (and
-        # whatever the producer's in-flight batches added there, never acknowledged).
+        # nothing is elected), then an acks=1 record appended past every offset they can hold, then the leader
+        # paused. A follower's fetch parked on the leader before the pause is answered on the next append, to a
+        # stopped process that reads it later: a write to the barrier partition (same leader, same fetches) wakes
+        # those first, so the log end read after it bounds what the followers got. The new leader lacks the
+        # record (and whatever the producer's in-flight batches added after it, never acknowledged).
         followers = [c.brokers[n].proc for n in others]
         for f in followers:
             os.kill(f.pid, signal.SIGSTOP)
         try:
+            assert produce(c, old, "barrier", 0, [b"wake"], acks=1, timeout_ms=SESSION_MS // 3)[0] == 0
             fetchable = list_offset(c, old, "paused", 0, LOG_END)[1]
             code, at = produce(c, old, "paused", 0, [DIVERGENT], acks=1, timeout_ms=SESSION_MS // 3)
             divergent_end = list_offset(c, old, "paused", 0, LOG_END)[1]
