@@ -12,7 +12,7 @@ the ISR, docs/cluster.md §4.3) and the leader SIGSTOP (the paused-leader fencin
 only pauses followers, within their session). The rolling restart is `cluster_slow`: it restarts a broker three
 times under a producer and a group (the most process starts, the heaviest on a loaded machine), and
 test_cluster_brokers.py already runs a controlled shutdown under an idempotent producer in `make test`. Each takes
-15-25 s on a 2-core machine.
+10-23 s (plus the cluster start) on a shared 2-core machine.
 """
 
 from __future__ import annotations
