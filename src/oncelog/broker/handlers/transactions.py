@@ -59,6 +59,12 @@ def _by_topic(results: dict[tuple[str, int], ErrorCode]) -> list[dict[str, Any]]
 
 async def handle_add_offsets(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.ADD_OFFSETS_TO_TXN, ctx.api_version, body)
+    groups = broker.group_coordinator
+    if groups is not None:
+        # In a cluster `__consumer_offsets` is created on first need, as FindCoordinator does; the Java client
+        # sends AddOffsetsToTxn before it looks for the group's coordinator, so this may be the first need
+        # (meanwhile the answer is COORDINATOR_NOT_AVAILABLE, which it retries).
+        broker.coordinator_node(OFFSETS_TOPIC, groups.partition_for(req.group_id))
     error = await broker.txn_coordinator.add_offsets(
         req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, ctx.api_version
     )
