@@ -81,9 +81,12 @@ class Target:
 class OncelogTarget(Target):
     name = "oncelog"
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, fsync: bool = True) -> None:
+        # fsync=False (`oncelog-nofsync`): acks=all from the in-sync replicas' page caches, as Kafka's default, to
+        # measure what the durable acknowledgement of docs/cluster.md §4.3 costs.
         self.cluster = ClusterProcess(directory, 3, {"min.insync.replicas": MIN_ISR,
-                                                     "default.replication.factor": 3})
+                                                     "default.replication.factor": 3,
+                                                     "oncelog.fsync.enable": str(fsync).lower()})
         self.cluster.start(START_TIMEOUT_S)
 
     @property
@@ -470,7 +473,8 @@ def _cell(stats: dict[str, float | None]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--systems", default="oncelog,kafka", help="comma list of oncelog,kafka")
+    parser.add_argument("--systems", default="oncelog,kafka", help="comma list of oncelog,kafka and oncelog-nofsync (oncelog.fsync.enable=false: "
+                             "what the durable acks=all costs)")
     parser.add_argument("--measurements", default=",".join(MEASUREMENTS), help="comma list of " + ",".join(MEASUREMENTS))
     parser.add_argument("--mb", type=int, default=128, help="MiB of 1 KiB records per produce run")
     parser.add_argument("--warmup-mb", type=int, default=32,
@@ -488,7 +492,7 @@ def main() -> int:
     args = parser.parse_args()
     systems = args.systems.split(",")
     measurements = args.measurements.split(",")
-    unknown = set(measurements) - set(MEASUREMENTS) | set(systems) - {"oncelog", "kafka"}
+    unknown = set(measurements) - set(MEASUREMENTS) | set(systems) - {"oncelog", "oncelog-nofsync", "kafka"}
     if unknown:
         parser.error(f"unknown: {sorted(unknown)}")
     java = classpath = ""
@@ -505,7 +509,8 @@ def main() -> int:
             print(f"round {round_no} {system}", flush=True)
             with tempfile.TemporaryDirectory(prefix=f"bench-cluster-{system}-") as tmp:
                 t0 = time.perf_counter()
-                target: Target = (OncelogTarget(Path(tmp)) if system == "oncelog"
+                target: Target = (OncelogTarget(Path(tmp), fsync=system == "oncelog")
+                                  if system.startswith("oncelog")
                                   else KafkaTarget(Path(tmp), java, classpath, args.kafka_heap_mb))
                 result: dict[str, Any] = {"start_s": time.perf_counter() - t0}
                 try:
