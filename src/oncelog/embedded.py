@@ -184,7 +184,8 @@ class ClusterProcess:
                     launched.append(broker)
             for broker in launched:
                 broker.wait_ready(max(deadline - time.monotonic(), 1.0))
-            self.wait_registered(set(self.brokers), max(deadline - time.monotonic(), 1.0))
+            for node_id in self.brokers:   # each one's view: the controller's decides what CreateTopics can place
+                self.wait_registered(set(self.brokers), max(deadline - time.monotonic(), 1.0), via=node_id)
         except BaseException:
             self.kill_all()
             raise

@@ -33,10 +33,19 @@ def brokers(coordination_connect, tmp_path):
             "oncelog.coordination.connect": coordination_connect, "node.id": node,
             "oncelog.coordination.session.timeout.ms": SESSION_MS,
         }, metrics=True).start(timeout=WAIT_S)
+    # Ready is not registered everywhere: until the controller's image lists all three, a topic at RF 3 is
+    # refused (INVALID_REPLICATION_FACTOR, seen once in CI). Each broker must list every broker first.
+    for proc in started.values():
+        wait_for(lambda p=proc: _lists_all(p, set(started)), f"{proc.bootstrap} to list brokers 1, 2 and 3")
     yield started
     for proc in started.values():
         if proc.alive():
             proc.kill()  # a clean stop of the last broker waits for a controlled shutdown nobody can grant
+
+
+def _lists_all(proc: BrokerProcess, node_ids: set[int]) -> bool:
+    md = AdminClient({"bootstrap.servers": proc.bootstrap}).list_topics(timeout=5)
+    return set(md.brokers) == node_ids and md.controller_id in node_ids
 
 
 def bootstrap(brokers: dict[int, BrokerProcess]) -> str:
