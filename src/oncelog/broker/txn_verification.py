@@ -21,6 +21,7 @@ client retries for Produce (Kafka maps these cases the same way).
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, NamedTuple, Protocol
@@ -35,6 +36,8 @@ if TYPE_CHECKING:
     from ..cluster.inter_broker import InterBroker
     from ..cluster.metadata_image import MetadataImage
     from ..storage.partition import Partition
+
+log = logging.getLogger(__name__)
 
 VERIFY_VERSION = 4                 # AddPartitionsToTxn v4: batched, with verify_only (broker to broker)
 CONFIRMATION_TTL_S = 60.0          # a confirmation nobody used (the append failed before asking) is dropped
@@ -84,10 +87,7 @@ class TxnVerifier:
         epoch older than the partition knows: the append refuses it for its epoch first, as on one broker."""
         if not is_transactional or producer_id < 0 or not txn_id:
             return False
-        if part.producers.open_transaction(producer_id):
-            return False
-        entry = part.producers.entries.get(producer_id)
-        if entry is not None and entry.epoch > epoch:
+        if part.producers.open_transaction(producer_id) or part.producers.fenced(producer_id, epoch):
             return False
         return self.coordinator.owner_error(txn_id) == ErrorCode.NOT_COORDINATOR
 
@@ -113,7 +113,10 @@ class TxnVerifier:
         try:
             response = await self.inter_broker.request(coordinator, ApiKey.ADD_PARTITIONS_TO_TXN, VERIFY_VERSION,
                                                        request, timeout)
-        except (ClientError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure to ask (connection, timeout, an answer that does not
+            # decode) leaves the produce retriable, never an error the connection's other requests would share
+            if not isinstance(exc, (ClientError, OSError, TimeoutError)):
+                log.warning("verifying %s with broker %d failed: %r", txn_id, coordinator, exc)
             return {tp: (ErrorCode.NOT_ENOUGH_REPLICAS, f"The transaction coordinator of {txn_id!r} (broker "
                          f"{coordinator}) could not be asked ({exc}); retry") for tp in tps}
         codes: dict[TopicPartition, ErrorCode] = {}

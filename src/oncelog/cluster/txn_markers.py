@@ -117,7 +117,9 @@ class MarkerChannel:
         try:
             response = await self.inter_broker.request(node, ApiKey.WRITE_TXN_MARKERS, WRITE_TXN_MARKERS_VERSION,
                                                        request, timeout_s)
-        except (ClientError, OSError, TimeoutError) as exc:
+        except Exception as exc:  # noqa: BLE001 - connection, timeout or an undecodable answer: all retried
+            if not isinstance(exc, (ClientError, OSError, TimeoutError)):
+                log.warning("WriteTxnMarkers for producer %d to broker %d: %r", producer_id, node, exc)
             log.info("WriteTxnMarkers for producer %d to broker %d failed (%s); retrying", producer_id, node, exc)
             return {tp: ErrorCode.NETWORK_EXCEPTION for tp in tps}
         answers: dict[TopicPartition, ErrorCode] = {}

@@ -136,7 +136,7 @@ class ProducerStateManager:
                 if cached.first_seq == first and cached.last_seq == last:
                     self.stats["duplicates_cached"] += 1
                     return ProducerCheck(duplicate=cached)
-        if epoch < entry.epoch:
+        if self.fenced(pid, epoch):
             self.stats["fenced_epoch"] += 1
             return ProducerCheck(
                 ErrorCode.INVALID_PRODUCER_EPOCH,
@@ -238,6 +238,12 @@ class ProducerStateManager:
 
     def open_transaction(self, producer_id: int) -> bool:
         return producer_id in self.ongoing
+
+    def fenced(self, producer_id: int, epoch: int) -> bool:
+        """Whether this partition refuses the producer's batches at `epoch` (rule 2: an epoch older than the one it
+        knows), before any other question about the batch is asked."""
+        entry = self.entries.get(producer_id)
+        return entry is not None and epoch < entry.epoch
 
     def first_unstable_offset(self) -> int | None:
         return min(self.ongoing.values()) if self.ongoing else None
