@@ -99,3 +99,24 @@ def _module_ensemble(zookeeper_runtime, tmp_path_factory) -> Iterator[Ensemble]:
 def ensemble(_module_ensemble) -> Ensemble:
     _module_ensemble.revive()
     return _module_ensemble
+
+
+@pytest.fixture
+def cluster_factory(coordination_connect, tmp_path):
+    """make(n=3, **settings): a started ClusterProcess of `n` brokers under this test's chroot, with
+    cluster_processes.SETTINGS under `settings`; every one made is SIGKILLed at teardown (the chroot is this
+    test's alone: the sessions left behind expire unseen)."""
+    from oncelog.embedded import ClusterProcess
+    from tests.cluster.cluster_processes import SETTINGS, START_S
+
+    made: list[ClusterProcess] = []
+
+    def make(n: int = 3, **settings) -> ClusterProcess:
+        c = ClusterProcess(tmp_path / f"cluster-{len(made)}", n, {**SETTINGS, **settings},
+                           connect=coordination_connect)
+        made.append(c)
+        return c.start(START_S)
+
+    yield make
+    for c in made:
+        c.kill_all()

@@ -32,7 +32,6 @@ from oncelog.embedded import BrokerProcess, ClusterProcess, broker_metadata
 from tests.cluster.cluster_processes import (
     SESSION_MS,
     SETTINGS,
-    START_S,
     converge_s,
     partitions,
     produce,
@@ -45,18 +44,8 @@ ELECTION_NOT_NEEDED, NOT_LEADER = 84, 6
 
 
 @pytest.fixture
-def cluster(coordination_connect, tmp_path):
-    made: list[ClusterProcess] = []
-
-    def make(n: int = 3, **settings) -> ClusterProcess:
-        c = ClusterProcess(tmp_path / f"cluster-{len(made)}", n, {**SETTINGS, **settings},
-                           connect=coordination_connect)
-        made.append(c)
-        return c.start(START_S)
-
-    yield make
-    for c in made:
-        c.kill_all()  # the chroot is this test's alone: the sessions left behind expire unseen
+def cluster(cluster_factory):
+    return cluster_factory
 
 
 def confluent_admin(c: ClusterProcess) -> AdminClient:

@@ -22,7 +22,7 @@ from kafka.protocol.metadata import FindCoordinatorRequest
 
 from oncelog.coordinator.partitioning import partition_for
 from oncelog.embedded import ClusterProcess
-from tests.cluster.cluster_processes import SETTINGS, START_S, converge_s, partitions, request, wait_for
+from tests.cluster.cluster_processes import converge_s, partitions, request, wait_for
 
 TOPIC = "coordinated"
 GROUP = "survivors"
@@ -31,18 +31,8 @@ OFFSETS_PARTITIONS = 6  # few partitions: the offsets topic is created (and its 
 
 
 @pytest.fixture
-def cluster(coordination_connect, tmp_path):
-    made: list[ClusterProcess] = []
-
-    def make(n: int = 3, **settings) -> ClusterProcess:
-        c = ClusterProcess(tmp_path / f"cluster-{len(made)}", n, {**SETTINGS, **settings},
-                           connect=coordination_connect)
-        made.append(c)
-        return c.start(START_S)
-
-    yield make
-    for c in made:
-        c.kill_all()
+def cluster(cluster_factory):
+    return cluster_factory
 
 
 def find_coordinator(c: ClusterProcess, via: int) -> int:

@@ -20,7 +20,7 @@ from kafka.protocol.consumer import OffsetFetchRequest
 from kafka.protocol.metadata import FindCoordinatorRequest
 
 from oncelog.embedded import ClusterProcess
-from tests.cluster.cluster_processes import SETTINGS, START_S, converge_s, partitions, request, wait_for
+from tests.cluster.cluster_processes import SETTINGS, converge_s, partitions, request, wait_for
 from tests.integration.test_transactions_rules import Txn
 
 TXN_SETTINGS = {
@@ -34,18 +34,8 @@ COMMIT_TIMEOUT_S = 120.0       # EndTxn through a leader's death: a session expi
 
 
 @pytest.fixture
-def cluster(coordination_connect, tmp_path):
-    made: list[ClusterProcess] = []
-
-    def make(n: int = 3, **settings) -> ClusterProcess:
-        c = ClusterProcess(tmp_path / f"cluster-{len(made)}", n, {**TXN_SETTINGS, **settings},
-                           connect=coordination_connect)
-        made.append(c)
-        return c.start(START_S)
-
-    yield make
-    for c in made:
-        c.kill_all()
+def cluster(cluster_factory):
+    return lambda n=3, **settings: cluster_factory(n, **{**TXN_SETTINGS, **settings})
 
 
 def create_spread_topic(c: ClusterProcess, topic: str, count: int = 3) -> dict[int, int]:
