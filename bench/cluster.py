@@ -11,7 +11,8 @@ Maven Central), takes every measurement below on it in this order, and throws it
                durability (page cache) and with the topic config flush.messages=1 (an fsync per append).
                oncelog's default already fsyncs before acks=all.
   latency      `--latency-seconds` at a fixed `--rate-mb` MB/s, same producer with `--latency-linger-ms`: per
-               message, from produce() to its delivery callback (the first second is warm-up, not counted).
+               message, from produce() to librdkafka's acknowledgement (msg.latency()) and to the Python
+               delivery callback (bench/paced.py; the first second is warm-up, not counted).
   failover     SIGKILL the leader of a one-partition RF 3 topic while a producer writes every 10 ms: seconds to
                the first acknowledged write produced after the kill. Then SIGKILL the controller (oncelog: the
                broker holding /controller; Kafka: the active KRaft quorum leader, from quorum-state): seconds to
@@ -46,6 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 from bench.client import RECORD, SETTINGS  # noqa: E402
 from bench.client import run as produce_run  # noqa: E402
+from bench.paced import paced_produce  # noqa: E402
 from bench.produce_fetch import cpu_seconds  # noqa: E402
 from tests.support.kafka import KafkaCluster, KafkaUnavailable, java_executable, kafka_classpath  # noqa: E402
 
@@ -223,13 +225,6 @@ def _secs(value: float | None) -> str:
     return "none" if value is None else f"{value:.2f} s"
 
 
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    return values[min(len(values) - 1, int(len(values) * q))]
-
-
 # -- measurements ------------------------------------------------------------------------------------------
 
 
@@ -268,40 +263,10 @@ def measure_latency(target: Target, args: argparse.Namespace, round_no: int) -> 
     topic = f"bench-latency-{round_no}"
     create_topic(target, topic, args.topic_partitions, 3, {"min.insync.replicas": str(MIN_ISR)})
     wait_isr(target, topic, 3)
-    producer = Producer({"bootstrap.servers": target.bootstrap, **SETTINGS, "linger.ms": args.latency_linger_ms})
-    warmup_s = 1.0
-    latencies: list[float] = []
-    errors = [0]
-    start = time.perf_counter()
-    measure_from = start + warmup_s
-
-    def make_cb(sent: float) -> Callable[[Any, Any], None]:
-        def delivered(err: Any, _msg: Any) -> None:
-            if err is not None:
-                errors[0] += 1
-            elif sent >= measure_from:
-                latencies.append(time.perf_counter() - sent)
-        return delivered
-
-    value = b"x" * RECORD
-    per_s = args.rate_mb * 1e6 / RECORD
-    total = int(per_s * (args.latency_seconds + warmup_s))
-    sent = 0
-    while sent < total:
-        now = time.perf_counter()
-        due = min(total, int((now - start) * per_s) + 1)
-        while sent < due:
-            producer.produce(topic, value, partition=sent % args.topic_partitions, on_delivery=make_cb(now))
-            sent += 1
-        producer.poll(0.001)
-    left = producer.flush(120)
-    elapsed = time.perf_counter() - start
-    result = {"records": sent, "offered_mb_per_s": sent * RECORD / elapsed / 1e6,
-              "p50_ms": _percentile(latencies, 0.5) * 1000 if latencies else None,
-              "p99_ms": _percentile(latencies, 0.99) * 1000 if latencies else None,
-              "max_ms": max(latencies) * 1000 if latencies else None, "errors": errors[0], "undelivered": left}
+    result = paced_produce({"bootstrap.servers": target.bootstrap, **SETTINGS, "linger.ms": args.latency_linger_ms},
+                           topic, args.topic_partitions, args.rate_mb, args.latency_seconds)
     print(f"  latency at {args.rate_mb} MB/s: p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  "
-          f"(achieved {result['offered_mb_per_s']:.1f} MB/s, errors {errors[0]})", flush=True)
+          f"(achieved {result['offered_mb_per_s']:.1f} MB/s, errors {result['errors']})", flush=True)
     return result
 
 
@@ -434,6 +399,8 @@ ROWS: list[tuple[str, str, tuple[str, ...]]] = [
     ("broker CPU, Kafka flush.messages=1", "s/GiB", ("produce", "flush.messages=1", "broker_cpu_s_per_gib")),
     ("latency p50 at fixed rate", "ms", ("latency", "p50_ms")),
     ("latency p99 at fixed rate", "ms", ("latency", "p99_ms")),
+    ("  at the Python callback p50", "ms", ("latency", "callback_p50_ms")),
+    ("  at the Python callback p99", "ms", ("latency", "callback_p99_ms")),
     ("leader SIGKILL -> next ack", "s", ("failover", "leader_kill", "seconds")),
     ("controller SIGKILL -> topic created", "s", ("failover", "controller_kill", "seconds")),
     ("N partitions: CreateTopics answered", "s", ("partitions", "create_s")),

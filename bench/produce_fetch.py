@@ -4,6 +4,11 @@ Each run starts a fresh broker on loopback (temp data dir, fsync on), creates a 
 produces `--mb` MiB of 1 KiB records with acks=all and linger 5 ms (idempotence on and
 off), then reads everything back with one consumer. Prints a table of the median of
 `--runs` runs and writes JSON to bench/results/.
+
+With `--rate-mb R` it measures latency instead: each run offers R MB/s (idempotent, acks=all, linger
+`--linger-ms`) for `--seconds` to a fresh broker and reports p50/p99 from produce() to the delivery
+callback (bench/paced.py), median of the runs: issue 15's single-node figure (goal p50 <= 1.5 ms,
+p99 < 10 ms at 10 MB/s with fsync on).
 """
 
 from __future__ import annotations
@@ -25,6 +30,9 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from kafka.protocol.consumer import FetchRequest, FetchResponse
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.paced import paced_produce  # noqa: E402
+
 from oncelog.embedded import BrokerProcess  # noqa: E402
 
 RECORD = 1024
@@ -199,6 +207,44 @@ def one_run(total_bytes: int, idempotent: bool, client: str = "confluent", read:
     return {"produce": p, "fetch": f, "consume": c}
 
 
+def latency_run(rate_mb: float, seconds: float, linger_ms: float, fsync: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp:
+        settings = {} if fsync else {"oncelog.fsync.enable": "false"}
+        broker = BrokerProcess(Path(tmp) / "data", settings=settings).start()
+        try:
+            admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+            admin.create_topics([NewTopic("bench", PARTITIONS, 1)])["bench"].result(30)
+            cpu_before = cpu_seconds(broker.proc.pid)
+            result = paced_produce({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
+                                    "linger.ms": linger_ms}, "bench", PARTITIONS, rate_mb, seconds)
+            result["broker_cpu_share"] = (cpu_seconds(broker.proc.pid) - cpu_before) / (seconds + 1)
+        finally:
+            broker.stop()
+    print(f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  max {result['max_ms']:.1f} ms; "
+          f"callback p50 {result['callback_p50_ms']:.2f} ms  p99 {result['callback_p99_ms']:.2f} ms  "
+          f"(offered {result['offered_mb_per_s']:.1f} MB/s, broker CPU {result['broker_cpu_share'] * 100:.0f}%, "
+          f"errors {result['errors']})", flush=True)
+    return result
+
+
+def latency_main(args: argparse.Namespace) -> int:
+    runs = [latency_run(args.rate_mb, args.seconds, args.linger_ms, not args.no_fsync) for _ in range(args.runs)]
+    p50 = statistics.median(r["p50_ms"] for r in runs)
+    p99 = statistics.median(r["p99_ms"] for r in runs)
+    cb50 = statistics.median(r["callback_p50_ms"] for r in runs)
+    cb99 = statistics.median(r["callback_p99_ms"] for r in runs)
+    print(f"\nlatency at {args.rate_mb:g} MB/s, {RECORD} B records, {PARTITIONS} partitions, idempotent, acks=all, "
+          f"linger {args.linger_ms:g} ms, fsync {'off' if args.no_fsync else 'on'}: p50 {p50:.2f} ms, "
+          f"p99 {p99:.2f} ms (librdkafka's msg.latency()); at the Python callback p50 {cb50:.2f} ms, p99 {cb99:.2f} ms "
+          f"(median of {args.runs})")
+    out = Path(__file__).parent / "results" / f"produce_latency-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    out.write_text(json.dumps({"rate_mb": args.rate_mb, "seconds": args.seconds, "linger_ms": args.linger_ms,
+                               "fsync": not args.no_fsync, "p50_ms": p50, "p99_ms": p99,
+                               "callback_p50_ms": cb50, "callback_p99_ms": cb99, "runs": runs}, indent=2))
+    print(f"results: {out}")
+    return 0
+
+
 def _num(value: float | None, width: int) -> str:
     return f"{'-':>{width}}" if value is None else f"{value:>{width}.1f}"
 
@@ -211,7 +257,13 @@ def main() -> int:
     parser.add_argument("--client", choices=("confluent", "java"), default="confluent",
                         help="producer: confluent-kafka (librdkafka) or the Java client (needs java + mvn)")
     parser.add_argument("--produce-only", action="store_true", help="skip the fetch and consume phases")
+    parser.add_argument("--rate-mb", type=float, default=None, help="measure latency at this offered rate instead")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of a latency run (after 1 s warm-up)")
+    parser.add_argument("--linger-ms", type=float, default=1.0, help="producer linger of a latency run")
+    parser.add_argument("--no-fsync", action="store_true", help="latency run with oncelog.fsync.enable=false")
     args = parser.parse_args()
+    if args.rate_mb is not None:
+        return latency_main(args)
     total = args.mb * 1024 * 1024
     modes = args.modes.split(",")
     if args.client == "java":
