@@ -86,6 +86,11 @@ def _coerce(key: ConfigKey, raw: Any) -> Any:
         raise ConfigError(f"Invalid value {raw!r} for configuration {key.name}: {exc}") from None
 
 
+# Below this a controller seat would be lost to ordinary pauses of a Python process (GC, a loaded machine), and
+# ZooKeeper raises any request below two ticks of its tickTime anyway (the development service's tick is 500 ms).
+MIN_CONTROLLER_SESSION_MS = 1000
+
+
 def at_least(minimum: int) -> Callable[[Any], str | None]:
     return lambda v: None if v >= minimum else f"must be at least {minimum}"
 
@@ -224,6 +229,11 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("oncelog.coordination.session.timeout.ms", TYPE_INT, 9000,
                   "ZooKeeper session timeout: how long a dead or paused broker keeps its registration and "
                   "leaderships.", at_least(1)),
+        ConfigKey("oncelog.controller.session.timeout.ms", TYPE_INT, 1500,
+                  "ZooKeeper session timeout of the controller seat (a second, shorter session of each broker): how "
+                  "long a dead or paused controller keeps the seat before another broker takes it. At most "
+                  "oncelog.coordination.session.timeout.ms; ZooKeeper clamps it to [2, 20] ticks of its tickTime "
+                  "(KRaft's controller.quorum.election.timeout.ms is 1000).", at_least(MIN_CONTROLLER_SESSION_MS)),
         ConfigKey("oncelog.coordination.connection.timeout.ms", TYPE_INT, 60000,
                   "How long a starting broker retries an unreachable coordination service before it gives up "
                   "(Kafka's zookeeper.connection.timeout.ms).", at_least(1)),
@@ -420,6 +430,12 @@ def load_broker_config(
             key = BROKER_KEYS[alias]
         values[key.name] = key.parse(value)
         explicit.add(key.name)
+    if (values["oncelog.coordination.connect"]
+            and values["oncelog.controller.session.timeout.ms"] > values["oncelog.coordination.session.timeout.ms"]):
+        raise ConfigError(
+            f"Invalid value {str(values['oncelog.controller.session.timeout.ms'])!r} for configuration "
+            "oncelog.controller.session.timeout.ms: must be at most oncelog.coordination.session.timeout.ms "
+            f"({values['oncelog.coordination.session.timeout.ms']})")
     if not values["oncelog.coordination.connect"] and values["default.replication.factor"] != 1:
         raise ConfigError("Invalid value for configuration default.replication.factor: must be 1 on a single "
                           "broker (set oncelog.coordination.connect to run a cluster)")

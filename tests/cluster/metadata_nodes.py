@@ -1,8 +1,8 @@
 """Brokers' metadata rooms in one process, for tests against a real ZooKeeper.
 
 A `Node` is what one broker runs of cluster metadata: a MetadataImage, a MetadataStore (its own ZooKeeper
-session) registered under a node id, and a Controller. Several nodes in one event loop stand for several
-brokers. Waits are bounded by the session timeout, never by sleeps tuned to a machine.
+sessions: the broker's and the controller seat's) registered under a node id, and a Controller. Several nodes in
+one event loop stand for several brokers. Waits are bounded by the session timeout, never by sleeps tuned to a machine.
 """
 
 from __future__ import annotations
@@ -75,7 +75,8 @@ class Node:
         self.epoch: int | None = None
 
     async def start(self, controller: bool = True, instance_id: str | None = None) -> Node:
-        self.store = MetadataStore(self.connect, self.session_timeout_ms, asyncio.get_running_loop(), self.image)
+        self.store = MetadataStore(self.connect, self.session_timeout_ms, asyncio.get_running_loop(), self.image,
+                                   controller_session_timeout_ms=self.config["oncelog.controller.session.timeout.ms"])
         await self.store.start(START_TIMEOUT_S)
         self.epoch = await self.store.register_broker(self.node_id, "127.0.0.1", 9000 + self.node_id,
                                                       instance_id=instance_id or f"node-{self.node_id}")

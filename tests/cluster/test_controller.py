@@ -4,6 +4,8 @@ reassignment, admin errors, and every image converging by watch."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from oncelog.cluster.controller import ElectionType, NewTopic, TopicResult
@@ -392,13 +394,18 @@ def test_leader_isr_write_and_controller_decision_lose_no_update(coordination_co
 
 def test_partitioned_controller_expires_and_comes_back_as_a_member(coordination, coordination_connect,
                                                                    kazoo_client):
+    """The seat rides a session of its own (oncelog.controller.session.timeout.ms): cut off, the controller loses
+    it after that timeout, while its broker session (long here) still lives, and another broker takes over; then
+    the broker session expires too, its roles move, and it comes back as a member that does not act."""
     from tests.cluster.tcp_proxy import TcpProxy
 
     chroot = coordination_connect[len(coordination.servers):]
+    broker_session_ms = 20000
 
     async def body():
         proxy = await TcpProxy("127.0.0.1", coordination.port).start()
-        first = await Node(proxy.address + chroot, 1).start()          # the controller-to-be, behind the proxy
+        first = await Node(proxy.address + chroot, 1,                     # the controller-to-be, behind the proxy
+                           session_timeout_ms=broker_session_ms).start()
         await until(lambda: first.active, "broker 1 controls")
         others = {i: await Node(coordination_connect, i).start() for i in (2, 3)}
         nodes = {1: first, **others}
@@ -408,12 +415,19 @@ def test_partitioned_controller_expires_and_comes_back_as_a_member(coordination,
             await _create(nodes, NewTopic("t", assignments={0: [1, 2], 1: [2, 1]}))
             old_broker_epoch = first.epoch
             session = first.store.client_id()
+            loop = asyncio.get_running_loop()
             proxy.cut()
+            cut_at = loop.time()
             await until(lambda: not first.active, "a SUSPENDED controller stops acting")
-            kazoo_client(coordination.servers, client_id=session).stop()   # its session expires
-            await until(lambda: sum(n.active for n in others.values()) == 1, "another controller")
+            # The seat frees when the seat session expires, long before broker 1's session would.
+            await until(lambda: sum(n.active for n in others.values()) == 1, "another controller",
+                        timeout=broker_session_ms / 1000 - 2)
+            taken_after = loop.time() - cut_at
             second = active(others)
             assert second.controller.epoch == epoch + 1
+            assert second.image.broker_epoch(1) == old_broker_epoch, "only the seat went, not the registration"
+            assert taken_after < broker_session_ms / 1000
+            kazoo_client(coordination.servers, client_id=session).stop()   # now its broker session expires
             await until(converged(others, lambda im: im.partition("t", 0).leader == 2
                                   and im.partition("t", 1).isr == (2,)), "broker 1's roles moved")
             proxy.mend()
@@ -421,8 +435,14 @@ def test_partitioned_controller_expires_and_comes_back_as_a_member(coordination,
                         and first.store.broker_epoch > old_broker_epoch, "broker 1 registered again")
             await until(converged(nodes, lambda im: im.broker_epoch(1) == first.store.broker_epoch
                                   and im.controller_id == second.node_id), "every image agrees")
-            assert not first.active and first.controller.epoch is None
+            assert not first.active and first.controller.epoch is None and first.store.controller_epoch is None
             assert first.image.partition("t", 0) == second.image.partition("t", 0)
+            s = first.image.partition("t", 0)
+            with pytest.raises(NotController):                   # its old epoch writes nothing
+                await first.store.write_partition_state("t", 0, PartitionState(1, s.leader_epoch + 1, (1,), 0, 0),
+                                                        s.version, epoch)
+            answer = await first.controller.create_topics([NewTopic("z", 1, 1)])
+            assert answer["z"].code == ErrorCode.NOT_CONTROLLER
         finally:
             await stop_all(nodes)
             await proxy.close()

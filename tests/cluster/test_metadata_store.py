@@ -312,6 +312,32 @@ def test_a_new_topic_reaches_listeners_with_its_configs_and_states(coordination_
     run(body())
 
 
+def test_the_seat_session_owns_the_seat_and_a_clamped_timeout_is_logged(coordination, coordination_connect,
+                                                                         caplog):
+    """The seat is the ephemeral of the seat session, not of the broker session; ZooKeeper raises a timeout below two
+    ticks of its tickTime (the development service's: 500 ms) and the broker says what it got."""
+    tick_ms = coordination.tick_time_ms
+
+    async def body():
+        store = MetadataStore(coordination_connect, SESSION_MS, asyncio.get_running_loop(), MetadataImage(),
+                              controller_session_timeout_ms=tick_ms)       # below the floor: raised to 2 ticks
+        await store.start(START_TIMEOUT_S)
+        try:
+            assert store.negotiated_ms == {"broker": SESSION_MS, "controller": 2 * tick_ms}
+            epoch = await store.register_broker(1, "127.0.0.1", 9001)
+            assert await store.try_become_controller(1, epoch) is not None
+            seat = await store.stat("/controller")
+            assert seat.ephemeralOwner == store.seat_session_id != store.session_id
+            assert (await store.stat("/brokers/ids/1")).ephemeralOwner == store.session_id
+            assert await store.seat_still_held()
+        finally:
+            await store.close()
+
+    with caplog.at_level(logging.WARNING, logger="oncelog.cluster.metadata_store"):
+        run(body())
+    assert f"ZooKeeper granted a {2 * tick_ms} ms controller session for the {tick_ms} ms asked" in caplog.text
+
+
 def test_lease_follows_confirmed_round_trips(coordination_factory):
     session_ms = 3000
     service = coordination_factory()

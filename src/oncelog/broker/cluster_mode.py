@@ -5,11 +5,12 @@ only then). It owns the broker's metadata image and ZooKeeper session (`Metadata
 while this broker holds /controller), the `ReplicaManager` with its fetchers behind `ReplicatedPartitionAccess`,
 the inter-broker connections, and producer ids reserved on ZooKeeper. Its order of work:
 
-start:  store (retried while ZooKeeper is unreachable) -> the data directory under ZooKeeper's cluster id ->
+start:  store (its two sessions: the broker's, and the shorter one that holds the controller seat; retried while
+        ZooKeeper is unreachable) -> the data directory under ZooKeeper's cluster id ->
         replica manager wired into the flusher -> [the broker listens] -> registration (BrokerIdInUse: the broker
         exits non-zero) -> replicas opened and roles taken from the image -> controller -> producer ids.
 stop:   controlled shutdown through the controller (leaderships move first, so clients see leader changes, not
-        errors) -> [the broker stops listening] -> controller resigns -> fetchers, replica manager -> session
+        errors) -> [the broker stops listening] -> controller resigns -> fetchers, replica manager -> sessions
         closed (the registration goes at once) -> [storage closes].
 
 Local replicas follow the image (the replica manager opens, reconfigures and deletes them through the log
@@ -133,7 +134,8 @@ class ClusterMode:
         """Open the ZooKeeper session and read the whole image; returns the cluster id. Before storage opens."""
         loop = asyncio.get_running_loop()
         self.store = MetadataStore(self.config["oncelog.coordination.connect"],
-                                   self.config["oncelog.coordination.session.timeout.ms"], loop, self.image)
+                                   self.config["oncelog.coordination.session.timeout.ms"], loop, self.image,
+                                   controller_session_timeout_ms=self.config["oncelog.controller.session.timeout.ms"])
         try:
             await self.store.start(self.config["oncelog.coordination.connection.timeout.ms"] / 1000)
         except StoreUnavailable as exc:

@@ -43,7 +43,6 @@ from .elections import (
 )
 from .metadata_image import NO_CONTROLLER, ImageDelta, MetadataImage, PartitionAssignment, PartitionState
 from .metadata_store import (
-    CONNECTED,
     MetadataStore,
     NotController,
     RequestTooLarge,
@@ -141,6 +140,7 @@ class Controller:
         self._known_epochs = {n: b.epoch for n, b in self.image.brokers.items()}
         self.image.subscribe(self._on_delta)
         self.store.on_state_change(self._on_store_state)
+        self.store.on_seat_state_change(self._on_store_state)
         self._tasks = [loop.create_task(self._run()), loop.create_task(self._rebalance_loop())]
         self._queue_election()
 
@@ -157,9 +157,10 @@ class Controller:
             _, future = self._queue.get_nowait()
             if not future.done():
                 future.set_exception(_SteppedDown())
-        if self.is_active and self.epoch is not None:
+        held = self.store.controller_epoch
+        if held is not None and self.store.controller_usable:   # else closing the sessions ends the seat anyway
             try:
-                await self.store.resign_controller(self.epoch)
+                await self.store.resign_controller(held)
             except Exception:
                 log.exception("giving up the controller seat failed")
         self.is_active = False
@@ -192,12 +193,14 @@ class Controller:
     # ---- events ----------------------------------------------------------------------------------------------
 
     def _on_store_state(self, state: str) -> None:
+        """A change of either session: the broker's (registration, writes, watches) or the seat's. The controller
+        acts only while both are CONNECTED; it resumes after a reconnection if the seat is still its own."""
         if self._stopped:
             return
-        if state != CONNECTED:
+        if not self.store.controller_usable:
             if self.is_active:
-                log.warning("controller %d (epoch %s) stops acting: ZooKeeper session is %s", self.node_id,
-                            self.epoch, state)
+                log.warning("controller %d (epoch %s) stops acting: ZooKeeper session %s, seat session %s",
+                            self.node_id, self.epoch, self.store.state, self.store.seat_state)
             self.is_active = False
             if self.store.controller_epoch is None:
                 self.epoch = None
@@ -241,17 +244,28 @@ class Controller:
 
     async def _elect(self) -> None:
         self._election_queued = False
-        if self._stopped or self.store.state != CONNECTED or self.store.broker_epoch is None:
+        if self._stopped or not self.store.controller_usable or self.store.broker_epoch is None:
             return
         held = self.store.controller_epoch
-        if held is not None:                      # still ours: the session survived a disconnection
+        if held is not None:                      # still ours: the seat session survived a disconnection
             if self.image.controller_epoch > held:
                 self._step_down("a newer controller epoch is registered")
                 return
-            resumed = not self.is_active
-            self.epoch, self.is_active = held, True
-            if resumed:
+            if self.is_active:
+                return
+            # Resuming: only if /controller is still the seat session's and /controller_epoch still the one set.
+            if await self.store.seat_still_held():
+                if self._stopped or not self.store.controller_usable or self.store.controller_epoch != held:
+                    return
+                self.epoch, self.is_active = held, True
+                log.info("controller %d resumes at epoch %d", self.node_id, held)
                 await self._on_elected()
+                return
+            self._step_down("the controller seat is no longer this broker's")     # and may run for it again
+        if self.image.controller_id == self.node_id:
+            # Named controller while holding no seat: a seat this broker's seat session still owns (its
+            # registration was lost, or an election's answer was lost) is freed; the deletion's watch elects anew.
+            await self.store.release_seat()
             return
         if self.image.controller_id != NO_CONTROLLER:
             return
@@ -748,7 +762,7 @@ class Controller:
     # ---- plumbing --------------------------------------------------------------------------------------------
 
     def _require_active(self) -> None:
-        if not self.is_active or self.epoch is None or self.store.state != CONNECTED:
+        if not self.is_active or self.epoch is None or not self.store.controller_usable:
             raise _SteppedDown()
 
     async def _answer(self, job: Callable[[], Awaitable[T]], not_controller: T) -> T:

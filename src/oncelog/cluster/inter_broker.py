@@ -162,8 +162,7 @@ class InterBroker:
             if controller == self.node_id:
                 raise ControllerIsHere()
             try:
-                conn = await self.connection(controller, remaining)
-                frame = await conn.request(api_key, version, payload, timeout=max(remaining, 0.001))
+                frame = await self._exchange(controller, api_key, version, payload, remaining)
                 assert frame is not None
                 response_body = bytes(frame)
                 decoded = codecs.decode_response(api_key, version, response_body)
@@ -171,14 +170,55 @@ class InterBroker:
                 last = f"controller {controller} unreachable: {exc}"
                 log.info("forwarding %s to controller %d failed (%s); retrying", ApiKey(api_key).name,
                          controller, exc)
-                await self._wait_for_controller_change(min(RETRY_BACKOFF_S, deadline - loop.time()))
+                if self.image.controller_id == controller:        # else the next one is named already: go now
+                    await self._wait_for_controller_change(min(RETRY_BACKOFF_S, deadline - loop.time()))
                 continue
             if ErrorCode.NOT_CONTROLLER in set(error_codes(decoded)):
                 last = f"broker {controller} is no longer the controller"
-                await self._wait_for_controller_change(min(RETRY_BACKOFF_S, deadline - loop.time()))
+                if self.image.controller_id == controller:
+                    await self._wait_for_controller_change(min(RETRY_BACKOFF_S, deadline - loop.time()))
                 continue
             return response_body, decoded
         raise ControllerUnavailable(last)
+
+    async def _exchange(self, controller: int, api_key: int, version: int, payload: bytes,
+                        timeout_s: float) -> memoryview | None:
+        """Connect to `controller` if needed, send the request and return the response; given up as soon as the
+        image names another controller or none. A paused controller that lost its seat would otherwise hold the
+        request to its deadline (its kernel accepts the connection; nothing answers, not even ApiVersions) while
+        a new one could answer it now. Should the paused one wake and carry it out after all, its writes fail on
+        the controller-epoch check (docs/cluster.md §3)."""
+        loop = asyncio.get_running_loop()
+        moved = loop.create_future()
+        opened: list[BrokerConnection] = []
+
+        def on_delta(delta: ImageDelta) -> None:
+            if delta.controller_changed and self.image.controller_id != controller and not moved.done():
+                moved.set_result(None)
+
+        async def exchange() -> memoryview | None:
+            conn = await self.connection(controller, timeout_s)
+            opened.append(conn)
+            if self.image.controller_id != controller:            # replaced while the connection was opened
+                raise ClientError(f"controller {controller} was replaced before the request went")
+            return await conn.request(api_key, version, payload, timeout=max(timeout_s, 0.001))
+
+        self.image.subscribe(on_delta)
+        task = asyncio.ensure_future(exchange())
+        try:
+            await asyncio.wait({task, moved}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+        finally:
+            self.image.unsubscribe(on_delta)
+        if not task.done():
+            task.cancel()                        # a connect (its ApiVersions) still waiting: abandoned
+            for conn in opened:
+                await conn.close()               # the request in flight fails with its link (others on it retry)
+            await asyncio.gather(task, return_exceptions=True)
+            raise ClientError(f"controller {controller} lost its seat while the request waited")
+        return task.result()
 
     async def controlled_shutdown(self, broker_epoch: int, deadline: float) -> tuple[ErrorCode, list[tuple[str, int]]]:
         """Ask the controller to move this broker's leaderships away; (error, partitions still led here)."""

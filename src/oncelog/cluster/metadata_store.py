@@ -9,7 +9,12 @@ This is the only module that imports kazoo. It owns:
   /controller_epoch's version in the same multi-op, so a deposed controller's writes fail as a unit;
 - watches that re-read what changed and apply it to the `MetadataImage`, on the asyncio loop;
 - the session: CONNECTED / SUSPENDED / LOST as kazoo reports them, the lease of §5.4, and after a new session the
-  re-registration (a new broker epoch) and a full read.
+  re-registration (a new broker epoch) and a full read;
+- the seat session (docs/cluster.md §5.1): with `controller_session_timeout_ms`, a second, shorter session of the
+  same broker that holds only /controller, so a dead controller's seat frees after that timeout rather than the
+  broker's. It is opened with the main one and kept open (an election needs no connect); every other read,
+  watch and write stays on the main session. Fencing does not depend on either session's timing: it is the
+  /controller_epoch version check in every controller write.
 
 Threads: kazoo runs its own threads; its watch, state and completion callbacks only hand work to the event loop
 (`call_soon_threadsafe`), where the image is updated. Calls on the loop use kazoo's `*_async` variants bridged to
@@ -227,6 +232,7 @@ class MetadataStore:
         loop: asyncio.AbstractEventLoop,
         image: MetadataImage,
         chroot: str = DEFAULT_CHROOT,
+        controller_session_timeout_ms: int | None = None,
     ) -> None:
         parsed = parse_connect(connect)
         self.connect = connect
@@ -241,6 +247,13 @@ class MetadataStore:
         self.fatal_error: BaseException | None = None
         self._client: KazooClient | None = None
         self._session_id: int | None = None
+        # The seat session (None: the seat rides the main session, as a store without a controller needs).
+        self.seat_timeout_ms = controller_session_timeout_ms
+        self.seat_state = LOST
+        self._seat_client: KazooClient | None = None
+        self._seat_session_id: int | None = None
+        self._seat_listeners: list[Callable[[str], None]] = []
+        self.negotiated_ms: dict[str, int] = {}                 # "broker" / "controller" -> what ZooKeeper granted
         self._registration: _Registration | None = None
         self._controller: tuple[int, int] | None = None       # (controller epoch, /controller_epoch znode version)
         # Topics whose znode says `creating` (created in steps by a controller, not visible yet).
@@ -285,37 +298,68 @@ class MetadataStore:
         create the cluster id if absent (`cluster_id` proposes one), read the whole image and set its watches.
         Raises StoreUnavailable if no session opened within `timeout_s`."""
         deadline = self.loop.time() + timeout_s
-        self._client = KazooClient(
-            hosts=self.servers, timeout=self.timeout_s,
-            connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2,
-                              "max_delay": max(0.2, self.timeout_s / 6)},
-        )
+        self._client = self._new_client("broker", self.session_timeout_ms)
         self._client.add_listener(self._on_kazoo_state)
         await self.loop.run_in_executor(None, self._client.start_async)
+        await self._wait_connected(self._client, deadline, timeout_s)
+        self._session_id = self._client.client_id[0] if self._client.client_id else None
+        self._confirmed_at, self._confirmed_session = _clock(), self._session_id
+        await self._ensure_layout(cluster_id)
+        if self.seat_timeout_ms is not None:
+            # Opened now and kept open: an election is then one multi-op, with no connect in the way.
+            self._seat_client = self._new_client("controller", self.seat_timeout_ms)
+            self._seat_client.add_listener(self._on_seat_kazoo_state)
+            await self.loop.run_in_executor(None, self._seat_client.start_async)
+            await self._wait_connected(self._seat_client, deadline, timeout_s)
+            self._seat_session_id = self._seat_client.client_id[0] if self._seat_client.client_id else None
+            self._set_seat_state(CONNECTED)
+        await self._full_read()
+        self._set_state(CONNECTED)
+        self._lease_task = self.loop.create_task(self._confirm_loop())
+        log.info("metadata store connected to %s%s, cluster id %s", self.servers, self.root, self.cluster_id)
+
+    def _new_client(self, what: str, timeout_ms: int) -> KazooClient:
+        """A kazoo client asking for a `timeout_ms` session. ZooKeeper grants a timeout clamped to [2, 20] ticks of
+        its tickTime; the granted one is kept in `negotiated_ms[what]` and logged when it differs."""
+        timeout_s = timeout_ms / 1000.0
+        client = KazooClient(hosts=self.servers, timeout=timeout_s,
+                             connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2,
+                                               "max_delay": max(0.2, timeout_s / 6)})
+        connection = getattr(client, "_connection", None)
+        connect = getattr(connection, "_connect", None)
+        if connect is not None:
+            # kazoo keeps the granted timeout to itself: its connect step returns the read timeout it derives from
+            # it (2/3 of the granted timeout, in ms), which is the only place to learn it from.
+            def connect_and_note(*args: Any, _connect: Any = connect) -> Any:
+                result = _connect(*args)
+                try:
+                    granted = round(float(result[0]) * 3 / 2)
+                except (TypeError, ValueError, IndexError):
+                    return result
+                if self.negotiated_ms.get(what) != granted and granted != timeout_ms:
+                    log.warning("ZooKeeper granted a %d ms %s session for the %d ms asked (it clamps session "
+                                "timeouts to 2-20 ticks of its tickTime)", granted, what, timeout_ms)
+                self.negotiated_ms[what] = granted
+                return result
+
+            connection._connect = connect_and_note
+        return client
+
+    async def _wait_connected(self, client: KazooClient, deadline: float, timeout_s: float) -> None:
         report_every = 1.0
-        while not self._client.connected:
+        while not client.connected:
             remaining = deadline - self.loop.time()
             if remaining <= 0:
                 await self.close()
                 raise StoreUnavailable(f"no ZooKeeper session with {self.servers} after {timeout_s:.0f}s")
             try:
                 async with asyncio.timeout(min(remaining, report_every)):
-                    await self._wait_kazoo_connected()
+                    while not client.connected:
+                        await asyncio.sleep(0.05)
             except TimeoutError:
                 log.warning("coordination service %s unreachable for %.0fs; retrying (gives up after %.0fs)",
                             self.servers, timeout_s - (deadline - self.loop.time()), timeout_s)
                 report_every = 5.0
-        self._session_id = self._client.client_id[0] if self._client.client_id else None
-        self._confirmed_at, self._confirmed_session = _clock(), self._session_id
-        await self._ensure_layout(cluster_id)
-        await self._full_read()
-        self._set_state(CONNECTED)
-        self._lease_task = self.loop.create_task(self._confirm_loop())
-        log.info("metadata store connected to %s%s, cluster id %s", self.servers, self.root, self.cluster_id)
-
-    async def _wait_kazoo_connected(self) -> None:
-        while self._client is not None and not self._client.connected:
-            await asyncio.sleep(0.05)
 
     async def close(self) -> None:
         """End the session (ephemeral znodes go at once) and stop kazoo's threads."""
@@ -323,14 +367,17 @@ class MetadataStore:
         for task in [self._lease_task, self._resync_task, *self._tasks]:
             if task is not None and not task.done():
                 task.cancel()
+        seat, self._seat_client = self._seat_client, None
         client, self._client = self._client, None
-        if client is not None:
-            def stop() -> None:
-                try:
-                    client.stop()
-                finally:
-                    client.close()
-            await self.loop.run_in_executor(None, stop)
+        for kazoo in (seat, client):       # the seat first: /controller frees before the registration goes
+            if kazoo is not None:
+                def stop(kazoo: KazooClient = kazoo) -> None:
+                    try:
+                        kazoo.stop()
+                    finally:
+                        kazoo.close()
+                await self.loop.run_in_executor(None, stop)
+        self.seat_state = LOST
         self._registration = None
         self._controller = None
         self.broker_epoch = None
@@ -359,11 +406,12 @@ class MetadataStore:
 
     # ---- bridging kazoo to asyncio ---------------------------------------------------------------------------
 
-    async def _call(self, async_result: Any, timeout: float | None = None) -> Any:
-        """Await a kazoo IAsyncResult on the loop; a successful answer also confirms the session (the lease).
+    async def _call(self, async_result: Any, timeout: float | None = None, *, confirms: bool = True) -> Any:
+        """Await a kazoo IAsyncResult on the loop; a successful answer also confirms the session (the lease),
+        unless `confirms` is False (an answer on the seat session says nothing of the main one).
         A lost connection, an expired session or no answer within the session timeout is StoreUnavailable."""
         future = self.loop.create_future()
-        started, session = _clock(), self._session_id
+        started, session = _clock(), (self._session_id if confirms else None)
 
         def settle(value: Any, error: BaseException | None) -> None:
             if future.done():
@@ -396,13 +444,15 @@ class MetadataStore:
         except TimeoutError as exc:
             raise StoreUnavailable("ZooKeeper request timed out") from exc
 
-    async def _commit(self, build: Callable[[Any], None], controller_epoch: int | None) -> list[Any]:
+    async def _commit(self, build: Callable[[Any], None], controller_epoch: int | None, *,
+                      seat: bool = False) -> list[Any]:
         """One multi-op; with `controller_epoch`, first the check that this controller's epoch is current.
-        Returns the results; raises NotController when the check failed, else the first failing op's error."""
+        Returns the results; raises NotController when the check failed, else the first failing op's error.
+        `seat`: on the seat session (the seat's own znode), else on the main session."""
         if controller_epoch is not None:
             if self._controller is None or self._controller[0] != controller_epoch:
                 raise NotController(f"controller epoch {controller_epoch} is not held by this broker")
-        txn = self._kz().transaction()
+        txn = (self._seat_kz() if seat else self._kz()).transaction()
         if controller_epoch is not None:
             assert self._controller is not None
             txn.check(self._p(CONTROLLER_EPOCH), self._controller[1])
@@ -411,7 +461,7 @@ class MetadataStore:
         if size > MAX_MULTI_BYTES:
             raise RequestTooLarge(f"a {size}-byte ZooKeeper transaction of {len(txn.operations)} operations "
                                   f"(at most {MAX_MULTI_BYTES} bytes)")
-        results = await self._call(txn.commit_async())
+        results = await self._call(txn.commit_async(), confirms=not seat)
         failures = [r for r in results if isinstance(r, Exception)]
         if not failures:
             return results
@@ -424,6 +474,25 @@ class MetadataStore:
     def _require_connected(self) -> None:
         if self.state != CONNECTED or self._client is None:
             raise StoreUnavailable(f"ZooKeeper session is {self.state}")
+
+    def _seat_kz(self) -> KazooClient:
+        """The client that holds /controller: the seat session's, or the main one without a seat session."""
+        if self.seat_timeout_ms is None:
+            return self._kz()
+        if self._seat_client is None:
+            raise StoreUnavailable("the metadata store is not started")
+        return self._seat_client
+
+    @property
+    def seat_session_id(self) -> int | None:
+        """The session that owns /controller when this broker holds it (ephemeralOwner)."""
+        return self._session_id if self.seat_timeout_ms is None else self._seat_session_id
+
+    @property
+    def controller_usable(self) -> bool:
+        """Whether this broker may act as controller as far as its sessions go: the main one (its registration,
+        its writes) and the seat's are both CONNECTED."""
+        return self.state == CONNECTED and (self.seat_timeout_ms is None or self.seat_state == CONNECTED)
 
     # ---- session state ---------------------------------------------------------------------------------------
 
@@ -441,11 +510,20 @@ class MetadataStore:
             self._needs_resync = True
             self._set_state(SUSPENDED)
         elif state == KazooState.LOST:
-            log.warning("ZooKeeper session expired (LOST): registration and controller seat are gone")
             self._needs_resync = True
-            self._controller = None
             self.broker_epoch = None
             self._confirmed_session = None
+            if self.seat_timeout_ms is None:
+                log.warning("ZooKeeper session expired (LOST): registration and controller seat are gone")
+                self._controller = None
+            else:
+                log.warning("ZooKeeper session expired (LOST): registration is gone%s",
+                            "; giving up the controller seat" if self._controller is not None else "")
+                # A broker without a registration must not control; its seat session may live on, so the seat is
+                # freed (the others see this broker dead, and elect at once).
+                if self._controller is not None:
+                    self._controller = None
+                    self._spawn(self.release_seat, "the controller seat")
             self._set_state(LOST)
         elif state == KazooState.CONNECTED and self._needs_resync:   # (start() reads the first session itself)
             self._needs_resync = False
@@ -493,6 +571,48 @@ class MetadataStore:
                 listener(state)
             except Exception:
                 log.exception("metadata store state listener failed")
+
+    # ---- the seat session ------------------------------------------------------------------------------------
+
+    def on_seat_state_change(self, listener: Callable[[str], None]) -> None:
+        """`listener(state)` on the loop at each change of `seat_state` (only with a seat session)."""
+        self._seat_listeners.append(listener)
+
+    def _on_seat_kazoo_state(self, state: str) -> None:    # kazoo's thread
+        try:
+            self.loop.call_soon_threadsafe(self._seat_kazoo_state_changed, state)
+        except RuntimeError:
+            pass
+
+    def _seat_kazoo_state_changed(self, state: str) -> None:
+        client = self._seat_client
+        if self._closing or client is None:
+            return
+        if state == KazooState.SUSPENDED:
+            log.warning("controller seat session: connection lost; the session may still be alive (SUSPENDED)")
+            self._set_seat_state(SUSPENDED)
+        elif state == KazooState.LOST:
+            if self._controller is not None:
+                log.warning("controller seat session expired (LOST): no longer controller (epoch %d)",
+                            self._controller[0])
+            self._controller = None
+            self._set_seat_state(LOST)
+        elif state == KazooState.CONNECTED:
+            session = client.client_id[0] if client.client_id else None
+            if session != self._seat_session_id:
+                self._controller = None          # a new seat session owns nothing (its /controller went with it)
+                self._seat_session_id = session
+            self._set_seat_state(CONNECTED)
+
+    def _set_seat_state(self, state: str) -> None:
+        if state == self.seat_state:
+            return
+        self.seat_state = state
+        for listener in list(self._seat_listeners):
+            try:
+                listener(state)
+            except Exception:
+                log.exception("controller seat state listener failed")
 
     def lease_valid(self) -> bool:
         """Whether acks=all may still be acknowledged (docs/cluster.md §5.4): the session is not known lost and
@@ -577,9 +697,11 @@ class MetadataStore:
         return None if self._controller is None else self._controller[0]
 
     async def try_become_controller(self, node_id: int, broker_epoch: int) -> int | None:
-        """Take /controller if it is free, and bump /controller_epoch in the same transaction.
+        """Take /controller if it is free, and bump /controller_epoch in the same transaction, on the seat session.
         Returns the new controller epoch, or None when another broker holds the seat."""
         self._require_connected()
+        if not self.controller_usable:
+            raise StoreUnavailable(f"controller seat session is {self.seat_state}")
         for _ in range(10):
             data, stat = await self._call(self._kz().get_async(self._p(CONTROLLER_EPOCH)))
             epoch = int(_load(data)["controller_epoch"]) + 1
@@ -591,7 +713,7 @@ class MetadataStore:
                 txn.set_data(self._p(CONTROLLER_EPOCH), _dump({"controller_epoch": epoch}), version=version)
 
             try:
-                results = await self._commit(build, None)
+                results = await self._commit(build, None, seat=True)
             except NodeExistsError:
                 await self._read_controller()
                 return None
@@ -608,10 +730,49 @@ class MetadataStore:
         if self._controller is None or self._controller[0] != controller_epoch:
             return
         try:
-            await self._commit(lambda txn: txn.delete(self._p(CONTROLLER)), controller_epoch)
+            await self._commit(lambda txn: txn.delete(self._p(CONTROLLER)), controller_epoch, seat=True)
         except (StoreError, KazooException):
             pass
         self._controller = None
+
+    async def seat_still_held(self) -> bool:
+        """After a reconnection: whether /controller is still this broker's (its ephemeralOwner is the seat
+        session) at the epoch it set (/controller_epoch at the version it wrote). If not, the seat is given up
+        here (`controller_epoch` becomes None)."""
+        held = self._controller
+        if held is None:
+            return False
+        try:
+            _, seat = await self._call(self._kz().get_async(self._p(CONTROLLER)))
+            _, epoch = await self._call(self._kz().get_async(self._p(CONTROLLER_EPOCH)))
+        except NoNodeError:
+            seat = epoch = None
+        if (seat is None or epoch is None or seat.ephemeralOwner != self.seat_session_id
+                or epoch.version != held[1]):
+            if self._controller == held:
+                self._controller = None
+            return False
+        return True
+
+    async def release_seat(self) -> bool:
+        """Delete /controller if the seat session owns it while this broker does not act as controller (its
+        registration was lost, or it lost track of the seat): otherwise nobody could take the seat until the seat
+        session ended. Returns whether a seat was freed."""
+        if self._controller is not None:
+            return False
+        path = self._p(CONTROLLER)
+        try:
+            _, stat = await self._call(self._seat_kz().get_async(path), confirms=False)
+        except NoNodeError:
+            return False
+        if stat.ephemeralOwner != self.seat_session_id or self._controller is not None:
+            return False
+        try:
+            await self._call(self._seat_kz().delete_async(path, version=stat.version), confirms=False)
+        except (NoNodeError, BadVersionError):
+            return False
+        log.info("gave up the controller seat this broker no longer acts on")
+        return True
 
     # ---- controller writes -----------------------------------------------------------------------------------
 
