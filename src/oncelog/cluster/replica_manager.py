@@ -368,10 +368,6 @@ class ReplicaManager:
         # Every ISR member counts as caught up at the election, the others not yet (as Kafka's makeLeader).
         rep.followers = {r: FollowerState(last_caught_up_ms=now if r in state.isr else 0)
                          for r in rep.replicas if r != self.node_id}
-        # Producer expiry runs on leaders only: every entry's idle clock starts at the election, so a failover
-        # can only keep a producer longer, never forget one the old leader still knew (§4.7).
-        for entry in part.producers.entries.values():
-            entry.last_append_ms = max(entry.last_append_ms, now)
         log.info("%s: leader at epoch %d (was %s), ISR %s, log end %d, high watermark %d", rep.name,
                  state.leader_epoch, was.value, list(state.isr), end, plog.high_watermark)
         self._advance_high_watermark(rep)
@@ -803,11 +799,13 @@ class ReplicaManager:
             rep.leader_epoch == leader_epoch
 
     def expire_producers(self, expiration_ms: int, forget_ms: int | None = None) -> int:
-        """Producer expiry on the partitions led here only (§4.7)."""
+        """Producer expiry on every partition led or followed here, by the same rule (§4.7): a follower's idle
+        clock starts when it replicates a batch, after the leader's, so it forgets a producer no earlier than
+        its leader does, and DescribeProducers answers alike on every replica once both have decided."""
         now = self._now_ms()
         count = 0
         for rep in list(self.replicas.values()):
-            if rep.role is Role.LEADER:
+            if rep.role in (Role.LEADER, Role.FOLLOWER):
                 gone = rep.part.expire_producers(now, expiration_ms, forget_ms)
                 if gone:
                     log.info("%s: expired producer state of %s", rep.name, gone)
