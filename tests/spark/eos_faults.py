@@ -23,6 +23,7 @@ ARROW_BATCH = 25
 PAD = 2000  # bytes per value: the rows before a fault fill Spark's 64 KiB JVM <-> Python buffers
 REPO = Path(__file__).resolve().parents[2]
 QUERY_TIMEOUT_S = 300.0
+SINK_WAIT_S = 60.0  # fault_udf: how long a fault waits for the rows before it to reach the sink
 
 
 def retry_session(tmp: Path) -> Any:
@@ -37,15 +38,34 @@ def retry_session(tmp: Path) -> Any:
     return session
 
 
-def fault_udf(flag_dir: Path, trigger: bytes, action: str, seconds: float, announce: bool = False):
+def fault_udf(flag_dir: Path, trigger: bytes, action: str, seconds: float, announce: bool = False,
+              written: tuple[str, str, int] | None = None):
     """A UDF passing values through; on the first attempt of the task that meets `trigger` it waits
     `seconds` (so the rows before it are produced and sent) and then raises (`fail`) or goes on (`slow`).
 
-    The flag `<action>-p<partition>-a<attempt>` is written when the wait is over; with `announce`, a flag
+    With `written` = (bootstrap, sink topic, partitions), the wait starts only once the sink's log holds
+    records (its high watermark moved), at most SINK_WAIT_S: on a busy machine the rows before the trigger may
+    not have reached the broker within `seconds`, and a fault that strikes a transaction holding nothing tests
+    nothing. The flag `<action>-p<partition>-a<attempt>` is written when the wait is over; with `announce`, a flag
     `<action>-p<partition>-a<attempt>-waiting` also marks its start (a test times its fault by it)."""
     from pyspark.sql.functions import udf
 
     flag = str(flag_dir)
+    sink_wait_s = SINK_WAIT_S
+
+    def sink_holds_records() -> bool:
+        from confluent_kafka import Consumer, TopicPartition
+
+        assert written is not None
+        bootstrap, topic, partitions = written
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fault-udf-probe"})
+        try:
+            return any(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] > 0
+                       for p in range(partitions))
+        except Exception:  # noqa: BLE001 - a probe that fails is asked again
+            return False
+        finally:
+            consumer.close()
 
     def passthrough(value):  # no type hints: PySpark would try (and fail) to infer a UDF kind from them
         from pyspark import TaskContext
@@ -56,6 +76,10 @@ def fault_udf(flag_dir: Path, trigger: bytes, action: str, seconds: float, annou
             if announce:
                 with open(os.path.join(flag, f"{name}-waiting"), "w"):
                     pass
+            if written is not None:
+                deadline = time.monotonic() + sink_wait_s
+                while not sink_holds_records() and time.monotonic() < deadline:
+                    time.sleep(0.2)
             time.sleep(seconds)
             with open(os.path.join(flag, name), "w"):
                 pass
@@ -151,7 +175,7 @@ def task_failure_half_way(spark, bootstrap: str, source: str, sink: str, tmp: Pa
     create_topic(bootstrap, sink, partitions=2)
     flags = tmp / "flags"
     flags.mkdir()
-    run_query(spark, bootstrap, source, sink, tmp / "ckpt", fault_udf(flags, b"v301", "fail", 1.5), per_trigger=400)
+    run_query(spark, bootstrap, source, sink, tmp / "ckpt", fault_udf(flags, b"v301", "fail", 1.5, written=(bootstrap, sink, 2)), per_trigger=400)
     assert [f.name for f in flags.iterdir()] == ["fail-p1-a0"], "the injected failure did not happen"
     assert aborted_records_exist(bootstrap, sink, 2), "the failed attempt had written nothing: no fault tested"
     assert_exactly_once(bootstrap, sink, 2, [v for _, v in data])
@@ -170,7 +194,8 @@ def transaction_timeout_in_a_slow_task(spark, bootstrap: str, source: str, sink:
     flags = tmp / "flags"
     flags.mkdir()
     checkpoint = tmp / "ckpt"
-    query = run_query(spark, bootstrap, source, sink, checkpoint, fault_udf(flags, b"v201", "slow", slow_s),
+    query = run_query(spark, bootstrap, source, sink, checkpoint, fault_udf(flags, b"v201", "slow", slow_s,
+                                                                                 written=(bootstrap, sink, 2)),
                       per_trigger=300, wait=False, **{"transaction.timeout.ms": str(timeout_ms)})
     finished(query)
     assert [f.name for f in flags.iterdir()] == ["slow-p1-a0"]
