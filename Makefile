@@ -103,8 +103,9 @@ clean:
 
 # The exactly-once PySpark pipeline end to end (src/oncelog/spark/demo.py): about 1-2 minutes. With
 # BOOTSTRAP=host:port it runs against an existing Kafka cluster; COMMAND_CONFIG="k=v ... | client.properties"
-# gives its security settings.
+# gives its security settings. CLUSTER=1: on a 3-broker oncelog cluster of its own (ZooKeeper included), with
+# the leader of the repartition topic's first partition SIGKILLed halfway through and restarted.
 .PHONY: demo
-demo: setup
+demo: setup $(if $(CLUSTER),coordination-setup)
 	PYSPARK_PYTHON=$(abspath $(PY)) PYSPARK_DRIVER_PYTHON=$(abspath $(PY)) $(PY) -m oncelog.spark.demo \
-		$(if $(BOOTSTRAP),--bootstrap $(BOOTSTRAP)) $(foreach c,$(COMMAND_CONFIG),-X $(c))
+		$(if $(BOOTSTRAP),--bootstrap $(BOOTSTRAP)) $(foreach c,$(COMMAND_CONFIG),-X $(c)) $(if $(CLUSTER),--cluster)
