@@ -310,7 +310,7 @@ class Txn(Wire):
         )
 
     def write_marker(
-        self, pid: int, epoch: int, commit: bool, topic: str, partitions: list[int]
+        self, pid: int, epoch: int, commit: bool, topic: str, partitions: list[int], coordinator_epoch: int = 0
     ) -> dict[int, int]:
         req = WriteTxnMarkersRequest[1]
         m = req.WritableTxnMarker
@@ -322,7 +322,7 @@ class Txn(Wire):
                         producer_epoch=epoch,
                         transaction_result=commit,
                         topics=[m.WritableTxnMarkerTopic(name=topic, partition_indexes=partitions)],
-                        coordinator_epoch=0,
+                        coordinator_epoch=coordinator_epoch,
                     )
                 ]
             ),
