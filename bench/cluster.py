@@ -1,4 +1,4 @@
-"""Cluster figures of issue 15: oncelog (3 brokers on one ZooKeeper) beside Apache Kafka 4.4 (3 KRaft nodes).
+"""Cluster figures of issues 15 and 16: oncelog (3 brokers on one ZooKeeper) beside Apache Kafka 4.4 (3 KRaft nodes).
 
 Both run on this machine, on loopback, one cluster at a time, interleaved: oncelog round 1, Kafka round 1,
 oncelog round 2, ... Each round starts a fresh cluster in a temp directory (oncelog: `oncelog.embedded`'s
@@ -18,6 +18,19 @@ Maven Central), takes every measurement below on it in this order, and throws it
                broker holding /controller; Kafka: the active KRaft quorum leader, from quorum-state): seconds to
                the first CreateTopics (1 partition, RF 2) that succeeds. Each killed broker is restarted and the
                ISR waited for before the next step.
+  transactions `--txn-seconds` of 1 KiB records round-robin over `--topic-partitions` partitions (RF 3,
+               min.insync.replicas 2; __transaction_state RF 3, min ISR 2 on both systems) by an idempotent
+               transactional librdkafka producer committing every 100 ms, after `--txn-warmup-seconds` not counted
+               (bench/transactions.py's loop): MB/s, records/s and the p50/p99 of commit_transaction(), which
+               waits until every record queued in the 100 ms before it is acknowledged (produce() only queues,
+               faster than either cluster takes the records, so a commit carries all the backlog). Kafka
+               twice, as for produce (flush.messages=1 on the data topic only). Then SIGKILL the transaction
+               coordinator's broker (the leader of the __transaction_state partition the transactional id hashes
+               to, from Metadata and the hash both systems use) while a producer commits transactions of 10
+               records back to back on a one-partition topic led by another broker: seconds to the commit of the
+               first transaction begun after the kill (the loop: _txn_after_coordinator_kill), and the commit
+               p50/p99 of the 10-record transactions in the 2 s before it. The killed broker is restarted and the
+               ISRs waited for.
   partitions   `--partitions` partitions (topics of `--partition-batch` each, RF `--partition-rf`, one
                CreateTopics each): seconds until all are answered and until Metadata shows a leader for all;
                each broker's VmRSS (/proc/PID/status) before and after; then the controller's SIGKILL to a
@@ -47,10 +60,13 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 from bench.client import RECORD, SETTINGS  # noqa: E402
 from bench.client import run as produce_run  # noqa: E402
-from bench.paced import paced_produce  # noqa: E402
+from bench.paced import paced_produce, percentile  # noqa: E402
 from bench.produce_fetch import cpu_seconds  # noqa: E402
+from bench.transactions import PRODUCER as TXN_PRODUCER  # noqa: E402
+from bench.transactions import transactional_produce  # noqa: E402
 from tests.support.kafka import KafkaCluster, KafkaUnavailable, java_executable, kafka_classpath  # noqa: E402
 
+from oncelog.coordinator.partitioning import partition_for  # noqa: E402
 from oncelog.embedded import ClusterProcess  # noqa: E402
 
 MIN_ISR = 2
@@ -58,6 +74,11 @@ START_TIMEOUT_S = 180.0
 FAILOVER_TIMEOUT_S = 120.0     # a kill that has produced no acknowledged write by then is reported as failed
 ISR_TIMEOUT_S = 180.0
 ATTEMPT_TIMEOUT_S = 1.0        # one CreateTopics attempt after a controller kill: the resolution of that figure
+TXN_STATE = "__transaction_state"
+TXN_STATE_PARTITIONS = 5       # tests/support/kafka.py's transaction.state.log.num.partitions: the same on both
+TXN_INTERVAL_S = 0.1           # a commit every 100 ms in the throughput run
+TXN_RECORDS = 10               # records per transaction in the coordinator-kill loop
+TXN_CALL_TIMEOUT_S = 5.0       # init/commit/abort_transaction() timeout in that loop; a timed-out call is repeated
 
 
 # -- the two systems behind one interface ------------------------------------------------------------------
@@ -86,8 +107,13 @@ class OncelogTarget(Target):
     def __init__(self, directory: Path, fsync: bool = True) -> None:
         # fsync=False (`oncelog-nofsync`): acks=all from the in-sync replicas' page caches, as Kafka's default, to
         # measure what the durable acknowledgement of docs/cluster.md §4.3 costs.
+        # __transaction_state as tests/support/kafka.py configures Kafka's 3 nodes (RF 3, min ISR 2, 5 partitions),
+        # written out rather than left to oncelog's defaults (RF 3, min ISR 2, 50 partitions).
         self.cluster = ClusterProcess(directory, 3, {"min.insync.replicas": MIN_ISR,
                                                      "default.replication.factor": 3,
+                                                     "transaction.state.log.replication.factor": 3,
+                                                     "transaction.state.log.min.isr": MIN_ISR,
+                                                     "transaction.state.log.num.partitions": TXN_STATE_PARTITIONS,
                                                      "oncelog.fsync.enable": str(fsync).lower()})
         self.cluster.start(START_TIMEOUT_S)
 
@@ -180,10 +206,13 @@ def _admin(bootstrap: str) -> AdminClient:
 
 
 def create_topic(target: Target, name: str, partitions: int, rf: int, config: dict[str, str] | None = None,
-                 timeout: float = 120.0) -> None:
+                 timeout: float = 120.0, assignment: list[list[int]] | None = None) -> None:
+    """`assignment` (replicas per partition, preferred leader first) replaces `partitions` and `rf`."""
     admin = _admin(target.live_bootstrap())   # kept referenced: a destroyed client fails its futures
-    fut = admin.create_topics([NewTopic(name, partitions, rf, config=config or {})], request_timeout=timeout,
-                              operation_timeout=timeout)[name]
+    new = (NewTopic(name, len(assignment), replica_assignment=assignment, config=config or {})
+           if assignment is not None
+           else NewTopic(name, partitions, rf, config=config or {}))
+    fut = admin.create_topics([new], request_timeout=timeout, operation_timeout=timeout)[name]
     fut.result(timeout + 5)
 
 
@@ -382,9 +411,147 @@ def measure_partitions(target: Target, args: argparse.Namespace, round_no: int) 
             "controller_kill": controller}
 
 
+def txn_coordinator(target: Target, transactional_id: str, timeout: float = 60.0) -> int:
+    """The broker coordinating `transactional_id`: the leader of its __transaction_state partition, found as the
+    brokers find it (coordinator/partitioning.py, Kafka's hash of the id modulo the topic's partition count)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            meta = _admin(target.live_bootstrap()).list_topics(TXN_STATE, timeout=10).topics.get(TXN_STATE)
+            if meta is not None and meta.error is None and meta.partitions:
+                leader = meta.partitions[partition_for(transactional_id, len(meta.partitions))].leader
+                if leader >= 0:
+                    return leader
+        except KafkaException:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{target.name}: no leader for {transactional_id}'s {TXN_STATE} partition")
+        time.sleep(0.25)
+
+
+def _txn_after_coordinator_kill(target: Target, round_no: int) -> dict[str, Any]:
+    """What an application that keeps committing does, and when its first transaction after the kill commits.
+
+    The loop: begin_transaction(), produce TXN_RECORDS records, commit_transaction(TXN_CALL_TIMEOUT_S), again.
+    A commit that fails retriably (a timeout included) is called again; an error that requires an abort is
+    followed by abort_transaction() and a fresh transaction; a fatal error (or a failed abort) drops the producer
+    and a new one is made with init_transactions() (called again while it fails retriably). 2 s of commits
+    first, then the SIGKILL; the figure is from the kill to the return of the first commit_transaction() of a
+    transaction whose begin_transaction() came after the kill."""
+    txn_id = f"bench-txn-failover-{round_no}"
+    conf = {"bootstrap.servers": target.bootstrap, **TXN_PRODUCER, "linger.ms": 0, "transactional.id": txn_id}
+    producer: Producer | None = Producer(conf)
+    producer.init_transactions(60)   # creates __transaction_state where it does not exist yet
+    coordinator = txn_coordinator(target, txn_id)
+    others = sorted(n for n in target.broker_pids() if n != coordinator)
+    topic = f"bench-txn-failover-{round_no}"
+    # The data partition's leader is another broker, so the figure is the coordinator's failover (and the ISR
+    # shrink every acks=all write waits for), not also a data partition's leader election.
+    create_topic(target, topic, 1, 3, {"min.insync.replicas": str(MIN_ISR)},
+                 assignment=[[others[0], coordinator, others[1]]])
+    wait_isr(target, topic, 3)
+    value = b"x" * RECORD
+    counts = {"commits_before": 0, "commit_retries": 0, "aborts": 0, "new_producers": 0}
+    small_commits: list[float] = []   # commit_transaction() of the 10-record transactions before the kill
+    errors: list[str] = []
+    ready = True
+    kill_at: float | None = None
+    seconds: float | None = None
+    started = time.perf_counter()
+    while True:
+        now = time.perf_counter()
+        if kill_at is None and now - started >= 2.0:
+            kill_at = time.perf_counter()
+            target.kill(coordinator)
+        elif kill_at is not None and now - kill_at > FAILOVER_TIMEOUT_S:
+            break
+        try:
+            if producer is None:
+                producer = Producer(conf)
+                counts["new_producers"] += 1
+                ready = False
+            if not ready:
+                producer.init_transactions(TXN_CALL_TIMEOUT_S)
+                ready = True
+            began = time.perf_counter()
+            producer.begin_transaction()
+            for _ in range(TXN_RECORDS):
+                producer.produce(topic, value, partition=0)
+            committing = time.perf_counter()
+            while True:
+                try:
+                    producer.commit_transaction(TXN_CALL_TIMEOUT_S)
+                    break
+                except KafkaException as exc:
+                    err = exc.args[0]
+                    if not err.retriable() or err.fatal() or err.txn_requires_abort() or (
+                            kill_at is not None and time.perf_counter() - kill_at > FAILOVER_TIMEOUT_S):
+                        raise
+                    counts["commit_retries"] += 1
+                    errors.append(f"commit: {err.name()}")
+            if kill_at is not None and began >= kill_at:
+                seconds = time.perf_counter() - kill_at
+                break
+            counts["commits_before"] += 1
+            if kill_at is None:
+                small_commits.append(time.perf_counter() - committing)
+        except KafkaException as exc:
+            err = exc.args[0]
+            errors.append(err.name())
+            if producer is not None and ready and err.txn_requires_abort() and not err.fatal():
+                try:
+                    producer.abort_transaction(TXN_CALL_TIMEOUT_S)
+                    counts["aborts"] += 1
+                    continue
+                except KafkaException as abort_exc:
+                    errors.append(f"abort: {abort_exc.args[0].name()}")
+            if not ready and producer is not None and err.retriable() and not err.fatal():
+                continue   # init_transactions() again on the same producer
+            producer = None
+    p50, p99 = percentile(small_commits, 0.5), percentile(small_commits, 0.99)
+    print(f"  10-record transactions before the kill: {len(small_commits)}, commit p50 "
+          f"{(p50 or 0) * 1000:.1f} ms p99 {(p99 or 0) * 1000:.1f} ms", flush=True)
+    print(f"  coordinator {coordinator} SIGKILL -> next committed transaction: {_secs(seconds)} "
+          f"({counts['commit_retries']} commit retries, {counts['aborts']} aborts, "
+          f"{counts['new_producers']} new producers; errors {sorted(set(errors))})", flush=True)
+    target.restart(coordinator)
+    wait_isr(target, topic, 3)
+    wait_isr(target, TXN_STATE, 3)
+    return {"killed": coordinator, "seconds": seconds, **counts, "errors": errors[:50],
+            "small_commit_p50_ms": None if p50 is None else p50 * 1000,
+            "small_commit_p99_ms": None if p99 is None else p99 * 1000}
+
+
+def measure_transactions(target: Target, args: argparse.Namespace, round_no: int) -> dict[str, Any]:
+    rows = {"default": {}}
+    if target.name == "kafka":
+        rows["flush.messages=1"] = {"flush.messages": "1"}
+    out: dict[str, Any] = {}
+    for row, config in [("warmup", {}), *rows.items()]:
+        if row == "warmup" and not args.txn_warmup_seconds:
+            continue
+        topic = f"bench-txn-{row.split('=')[0].replace('.', '-')}-{round_no}"
+        create_topic(target, topic, args.topic_partitions, 3, {"min.insync.replicas": str(MIN_ISR), **config})
+        wait_isr(target, topic, 3)
+        seconds = args.txn_warmup_seconds if row == "warmup" else args.txn_seconds
+        result = transactional_produce({"bootstrap.servers": target.bootstrap}, topic, args.topic_partitions,
+                                       seconds, TXN_INTERVAL_S, f"bench-txn-{topic}")
+        result["krecords_per_s"] = result["records_per_s"] / 1000
+        if row == "warmup":
+            out["warmup_mb_per_s"] = result["mb_per_s"]
+            continue
+        out[row] = result
+        print(f"  transactions {row:18} {result['mb_per_s']:7.1f} MB/s {result['records_per_s']:8.0f} records/s  "
+              f"commit p50 {result['commit_p50_ms']:.1f} ms p99 {result['commit_p99_ms']:.1f} ms "
+              f"({result['commits']} commits)", flush=True)
+    wait_isr(target, TXN_STATE, 3)
+    out["coordinator_kill"] = _txn_after_coordinator_kill(target, round_no)
+    return out
+
+
 MEASUREMENTS: dict[str, Callable[[Target, argparse.Namespace, int], dict[str, Any]]] = {
     "produce": measure_produce, "latency": measure_latency, "failover": measure_failover,
-    "partitions": measure_partitions,
+    "transactions": measure_transactions, "partitions": measure_partitions,
 }
 
 
@@ -403,6 +570,17 @@ ROWS: list[tuple[str, str, tuple[str, ...]]] = [
     ("  at the Python callback p99", "ms", ("latency", "callback_p99_ms")),
     ("leader SIGKILL -> next ack", "s", ("failover", "leader_kill", "seconds")),
     ("controller SIGKILL -> topic created", "s", ("failover", "controller_kill", "seconds")),
+    ("txn produce, commit every 100 ms", "MB/s", ("transactions", "default", "mb_per_s")),
+    ("  thousands of records/s", "k/s", ("transactions", "default", "krecords_per_s")),
+    ("  commit_transaction() p50", "ms", ("transactions", "default", "commit_p50_ms")),
+    ("  commit_transaction() p99", "ms", ("transactions", "default", "commit_p99_ms")),
+    ("txn produce, Kafka flush.messages=1", "MB/s", ("transactions", "flush.messages=1", "mb_per_s")),
+    ("  thousands of records/s, flush.messages=1", "k/s", ("transactions", "flush.messages=1", "krecords_per_s")),
+    ("  commit p50, flush.messages=1", "ms", ("transactions", "flush.messages=1", "commit_p50_ms")),
+    ("  commit p99, flush.messages=1", "ms", ("transactions", "flush.messages=1", "commit_p99_ms")),
+    ("10-record txn before the kill: commit p50", "ms", ("transactions", "coordinator_kill", "small_commit_p50_ms")),
+    ("10-record txn before the kill: commit p99", "ms", ("transactions", "coordinator_kill", "small_commit_p99_ms")),
+    ("coordinator SIGKILL -> next commit", "s", ("transactions", "coordinator_kill", "seconds")),
     ("N partitions: CreateTopics answered", "s", ("partitions", "create_s")),
     ("N partitions: all have a leader", "s", ("partitions", "all_led_s")),
     ("N partitions: controller SIGKILL -> topic", "s", ("partitions", "controller_kill", "seconds")),
@@ -450,6 +628,9 @@ def main() -> int:
     parser.add_argument("--rate-mb", type=float, default=10.0, help="MB/s offered in the latency run")
     parser.add_argument("--latency-seconds", type=float, default=10.0)
     parser.add_argument("--latency-linger-ms", type=float, default=1.0)
+    parser.add_argument("--txn-seconds", type=float, default=10.0, help="seconds of each transactional run")
+    parser.add_argument("--txn-warmup-seconds", type=float, default=3.0,
+                        help="seconds of transactional produce (not counted) before the transactional runs")
     parser.add_argument("--partitions", type=int, default=10_000, help="partitions of the many-partition run")
     parser.add_argument("--partition-batch", type=int, default=1_000, help="partitions per CreateTopics")
     parser.add_argument("--partition-rf", type=int, default=1, help="replication factor of the many partitions")
@@ -497,7 +678,8 @@ def main() -> int:
           f"runs of {RECORD} B records after {args.warmup_mb} MiB of warm-up, {args.topic_partitions} partitions, RF 3, min.insync.replicas {MIN_ISR}, "
           f"acks=all, idempotent librdkafka; latency at {args.rate_mb:g} MB/s for {args.latency_seconds:g} s "
           f"(linger {args.latency_linger_ms:g} ms); N = {args.partitions} partitions at RF {args.partition_rf}; Kafka "
-          f"heap {args.kafka_heap_mb} MB")
+          f"heap {args.kafka_heap_mb} MB; transactions: {args.txn_seconds:g} s, a commit every "
+          f"{TXN_INTERVAL_S * 1000:g} ms, after {args.txn_warmup_seconds:g} s of warm-up")
     print(f"{'measurement':<44}{'unit':>6}" + "".join(f"{s:>26}" for s in systems))
     for label, unit, _path in ROWS:
         if any(summary[label][s] for s in systems):

@@ -14,23 +14,33 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.paced import RECORD, percentile  # noqa: E402
+
 from oncelog.embedded import BrokerProcess  # noqa: E402
 
-RECORD = 1024
 PARTITIONS = 4
+# acks=all, idempotent; a batch of up to 1 MB and a 256 MiB queue so produce() rarely waits for space.
+PRODUCER = {"acks": "all", "linger.ms": 5, "enable.idempotence": True, "batch.size": 1_000_000,
+            "queue.buffering.max.kbytes": 262_144}
 
 
-def run_mode(bootstrap: str, topic: str, seconds: float, txn_interval: float | None) -> dict:
-    conf = {"bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "enable.idempotence": True,
-            "batch.size": 1_000_000, "queue.buffering.max.kbytes": 262_144}
+def transactional_produce(settings: Mapping[str, Any], topic: str, partitions: int, seconds: float,
+                          txn_interval: float | None, transactional_id: str = "bench") -> dict[str, Any]:
+    """Produce 1 KiB records round-robin over `partitions` for `seconds` with a confluent-kafka producer built
+    from `settings` (bootstrap.servers and anything to add or override) plus PRODUCER; with `txn_interval`,
+    inside transactions committed every `txn_interval` s. bench/cluster.py's `transactions` runs this loop too."""
+    conf: dict[str, Any] = {**PRODUCER, **settings}
     if txn_interval is not None:
-        conf["transactional.id"] = f"bench-{txn_interval}"
+        conf["transactional.id"] = transactional_id
     producer = Producer(conf)
     value = b"x" * RECORD
     commits: list[float] = []
@@ -43,7 +53,7 @@ def run_mode(bootstrap: str, topic: str, seconds: float, txn_interval: float | N
     while time.perf_counter() - started < seconds:
         for _ in range(1000):
             try:
-                producer.produce(topic, value, partition=sent % PARTITIONS)
+                producer.produce(topic, value, partition=sent % partitions)
                 sent += 1
             except BufferError:
                 producer.poll(0.005)
@@ -62,12 +72,12 @@ def run_mode(bootstrap: str, topic: str, seconds: float, txn_interval: float | N
     else:
         producer.flush(60)
     elapsed = time.perf_counter() - started
-    commits.sort()
+    p50, p99 = percentile(commits, 0.5), percentile(commits, 0.99)
     return {
         "records": sent, "seconds": elapsed, "mb_per_s": sent * RECORD / elapsed / 1e6,
         "records_per_s": sent / elapsed, "commits": len(commits),
-        "commit_p50_ms": commits[len(commits) // 2] * 1000 if commits else None,
-        "commit_p99_ms": commits[min(len(commits) - 1, int(len(commits) * 0.99))] * 1000 if commits else None,
+        "commit_p50_ms": p50 * 1000 if p50 is not None else None,
+        "commit_p99_ms": p99 * 1000 if p99 is not None else None,
     }
 
 
@@ -77,7 +87,8 @@ def one_run(seconds: float, txn_interval: float | None) -> dict:
         try:
             admin = AdminClient({"bootstrap.servers": broker.bootstrap})
             admin.create_topics([NewTopic("bench", PARTITIONS, 1)])["bench"].result(30)
-            return run_mode(broker.bootstrap, "bench", seconds, txn_interval)
+            return transactional_produce({"bootstrap.servers": broker.bootstrap}, "bench", PARTITIONS, seconds,
+                                         txn_interval, f"bench-{txn_interval}")
         finally:
             broker.stop()
 
