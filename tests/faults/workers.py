@@ -278,14 +278,19 @@ def lso_monitor(args: argparse.Namespace, h: HistoryWriter) -> None:
 
 
 def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
-    """Exactly-once copy: read_committed from --in-topic, write `copy:<value>` to --topic, offsets in the txn."""
+    """Exactly-once copy: read_committed from --in-topic, write `copy:<value>` to --topic, offsets in the txn.
+
+    Each record goes to the output partition of the same number as its input partition, in the order read, so
+    per-partition order carries over. One transaction per poll of at most --batch records (smaller batches mean
+    more transactions per record copied: tests/cluster/test_transactions_copier.py uses that to keep a short copy
+    running through its bounces)."""
     Producer, Consumer, TopicPartition = _client_modules(args.client)
     conf = {"bootstrap.servers": args.bootstrap, "transactional.id": f"fault-copier-{args.slot}",
             "transaction.timeout.ms": args.txn_timeout_ms, "linger.ms": 5, "request.timeout.ms": 5_000}
     conf.update(_debug(args))
     c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "enable.auto.commit": False,
                   "isolation.level": "read_committed", "auto.offset.reset": "earliest",
-                  "session.timeout.ms": 10_000})
+                  "session.timeout.ms": 10_000, **_debug(args)})
     c.subscribe([args.in_topic])
     p = Producer(conf)
     p.init_transactions(60)
@@ -293,20 +298,20 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
     t = 0
     seq = 0
     # After the deadline the copier drains what its source acknowledged: it stops once the group's committed
-    # offsets reach the input's end (checked after 2 s without input), or DRAIN_MAX_S after the deadline.
+    # offsets reach the input's end (checked after 2 s without input), or --drain-max-s after the deadline.
     idle_since = time.monotonic()
     in_partitions = [TopicPartition(args.in_topic, part) for part in range(args.partitions)]
 
     def draining() -> bool:
         now = time.monotonic()
-        if now > deadline + DRAIN_MAX_S:
+        if now > deadline + args.drain_max_s:
             return False
         return now - idle_since < 2 or not _copied_everything(c, in_partitions)
 
     dog = Watchdog()
     while time.monotonic() < deadline or draining():
         dog.tick()
-        msgs = [m for m in c.consume(200, 0.5) if not m.error()]
+        msgs = [m for m in c.consume(args.batch, 0.5) if not m.error()]
         if not msgs:
             continue
         idle_since = time.monotonic()
@@ -538,6 +543,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--in-topic")
     parser.add_argument("--group", default="fault-copy")
     parser.add_argument("--slot", type=int, default=0)
+    parser.add_argument("--batch", type=int, default=200, help="copier: records per transaction, at most")
+    parser.add_argument("--drain-max-s", type=float, default=DRAIN_MAX_S,
+                        help="copier: stop this long after --seconds even if the input is not all copied")
     parser.add_argument("--done-file", help="group-consumer: drains until this file exists (producers done)")
     args = parser.parse_args(argv)
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the runner asks a stuck worker where it is
