@@ -15,9 +15,10 @@ without losing its session, which a broker kill or pause cannot produce. Client 
 
 Nemeses (one fault at a time, each bounded in time and healed before the next; after the last one everything
 is healed and the run waits for every broker to be registered and every replica back in its ISR):
-- broker-kill:        SIGKILL a broker (the leader of a partition the workload uses, or of the group's
-                      __consumer_offsets partition, i.e. its coordinator, in most cases), restart it after a
-                      moment (it waits out its old session before it registers again);
+- broker-kill:        SIGKILL a broker (the leader of a partition the workload uses, or a coordinator of the
+                      workload: the leader of its group's __consumer_offsets partition or of its transactional
+                      ids' __transaction_state partitions, in most cases), restart it after a moment (it waits
+                      out its old session before it registers again);
 - broker-pause:       SIGSTOP a broker (leaders in particular) for a moment or past the ZooKeeper session
                       timeout, so its session expires and its leaderships move while it sleeps; then SIGCONT;
 - inter-broker-cut:   refuse (or blackhole) every link between a broker and its peers, or one link, for up to
@@ -34,7 +35,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -47,12 +48,17 @@ from oncelog.embedded import ClusterProcess
 from tests.faults.checker import Report
 from tests.faults.proxy import FaultProxy
 from tests.faults.replicas import divergences
-from tests.faults.runner import BROKER_SETTINGS, GROUP, PARTITIONS, WORKLOADS, Run
+from tests.faults.runner import BROKER_SETTINGS, PARTITIONS, WORKLOADS, Run, Worker
 
 BROKERS = 3
 MEMBERS = 3
 SESSION_MS = 6_000  # ZooKeeper session: how long a dead or paused broker keeps its seat and leaderships
 OFFSETS_PARTITIONS = 6
+TXN_STATE_PARTITIONS = 6
+# How often a targeted fault strikes a coordinator of the workload rather than a partition leader: the group's
+# for `consumer` (as before, so its seeds strike the same brokers), the transaction coordinators' (and the
+# copier's group coordinator) for the transactional workloads, where the coordinator is what a fault must test.
+COORDINATOR_SHARE = {"consumer": 0.4, "transactions": 0.5, "eos-copy": 0.5}
 CHROOT = "/oncelog-faults"
 CLUSTER_SETTINGS: dict[str, object] = {
     **BROKER_SETTINGS,
@@ -63,7 +69,7 @@ CLUSTER_SETTINGS: dict[str, object] = {
     "offsets.topic.num.partitions": OFFSETS_PARTITIONS,
     "transaction.state.log.replication.factor": 3,
     "transaction.state.log.min.isr": 2,
-    "transaction.state.log.num.partitions": OFFSETS_PARTITIONS,
+    "transaction.state.log.num.partitions": TXN_STATE_PARTITIONS,
     "replica.lag.time.max.ms": 5_000,  # a cut follower leaves the ISR within a fault
     "replica.socket.timeout.ms": 5_000,  # a blackholed fetch gives up within a fault
     "leader.imbalance.check.interval.seconds": 10,  # preferred elections move leaders back during a run
@@ -221,6 +227,32 @@ class FaultCluster:
         self.processes.wait_registered(set(self.proxies), converge_s())
 
 
+def transactional_ids(workers: Iterable[Worker], incarnation: Callable[[Worker], str]) -> list[str]:
+    """The transactional ids the workload's live processes use, as tests/faults/workers.py names them: a
+    txn-producer `fault-<its process name>` (a restarted one is `<name>-r<n>`), a copier `fault-copier-<slot>`."""
+    ids = []
+    for w in workers:
+        if w.proc is None or w.proc.poll() is not None:
+            continue
+        if w.kind == "txn-producer":
+            ids.append(f"fault-{incarnation(w)}")
+        elif w.kind == "copier":
+            ids.append(f"fault-copier-{_arg(w, '--slot', '0')}")
+    return ids
+
+
+def consumer_groups(workers: Iterable[Worker]) -> list[str]:
+    """The consumer groups whose coordinator the workload depends on: group members' and the copier's (its
+    offsets go through TxnOffsetCommit to that coordinator; workers.py's default group is `fault-copy`)."""
+    groups = {_arg(w, "--group", "fault-copy")
+              for w in workers if w.kind in ("group-consumer", "copier")}
+    return sorted(groups)
+
+
+def _arg(w: Worker, flag: str, default: str) -> str:
+    return w.args[w.args.index(flag) + 1] if flag in w.args else default
+
+
 def by_topic(lagging: list[str], topics: Iterable[str]) -> dict[str, list[str]]:
     """`FaultCluster.under_replicated` lines ("<topic>-<p> leader .. isr ..", "<topic>: error ..") under their
     topic (the longest name that prefixes one); a line naming none (no broker answered) under the first topic."""
@@ -302,16 +334,30 @@ class ClusterRun(Run):
         return self.cluster.bootstrap
 
     # -- the nemesis ----------------------------------------------------------------------------------------------
+    def _coordinators(self) -> list[tuple[str, int, str]]:
+        """The internal partitions whose leaders coordinate this workload right now: (topic, partition, role).
+        A transaction coordinator is the leader of the __transaction_state partition its transactional id maps
+        to (as the broker maps it, partitioning.partition_for); the ids are those of the live workers."""
+        found = [("__transaction_state", partition_for(txn_id, TXN_STATE_PARTITIONS),
+                  f"transaction coordinator of {txn_id}")
+                 for txn_id in transactional_ids(self.workers, self._incarnation)]
+        found += [("__consumer_offsets", partition_for(group, OFFSETS_PARTITIONS), f"group coordinator of {group}")
+                  for group in consumer_groups(self.workers)]
+        return found
+
     def _target(self) -> tuple[int, str]:
-        """A broker to strike and why: most often the leader of a partition the workload uses (for the consumer
-        workload also the group's coordinator), else the controller or any broker."""
+        """A broker to strike and why: most often the leader of a partition the workload uses or one of the
+        workload's coordinators (group, transactions), else the controller or any broker."""
         r = self.rng.random()
         if r < 0.6:
-            if self.workload == "consumer" and self.rng.random() < 0.4:
-                partition = partition_for(GROUP, OFFSETS_PARTITIONS)
-                leader = self.cluster.leader("__consumer_offsets", partition)
+            coordinators = self._coordinators()
+            if coordinators and self.rng.random() < COORDINATOR_SHARE.get(self.workload, 0.4):
+                # One coordinator draws nothing more, so the consumer workload's seeds strike what they did.
+                topic, partition, role = (coordinators[0] if len(coordinators) == 1
+                                          else self.rng.choice(coordinators))
+                leader = self.cluster.leader(topic, partition)
                 if leader is not None:
-                    return leader, f"group coordinator (__consumer_offsets-{partition})"
+                    return leader, f"{role} ({topic}-{partition})"
             topic, partition = self.rng.choice(self.topics), self.rng.randrange(PARTITIONS)
             leader = self.cluster.leader(topic, partition)
             if leader is not None:

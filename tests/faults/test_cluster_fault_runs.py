@@ -1,8 +1,8 @@
-"""The short cluster fault runs (the consumer one is cluster_slow for now, see below): two runs of the harness in cluster mode (tests/faults/cluster.py:
+"""The short cluster fault runs (the consumer one is cluster_slow for now, see below): runs of the harness in cluster mode (tests/faults/cluster.py:
 three brokers at replication factor 3 on a 3-member ZooKeeper ensemble, every cluster nemesis mixed), the
-idempotent workload and the consumer-group workload, both with oncelog's own client (the consumer's batch that
-spanned a rebalance is fixed: tests/integration/client/test_consumer_rebalance_rewind.py), must end with zero
-anomalies. `make faults CLUSTER=1 RUNS=N` is the long version.
+idempotent workload, the consumer-group workload and the transactional one, with oncelog's own client (the
+consumer's batch that spanned a rebalance is fixed: tests/integration/client/test_consumer_rebalance_rewind.py),
+must end with zero anomalies. `make faults CLUSTER=1 RUNS=N` is the long version.
 
 Bounded: each run injects faults for FAULTS_CLUSTER_TEST_SECONDS (default 20) and then heals; 30-50 s each.
 Skipped with the reason where ZooKeeper cannot run (no java, or its jars not resolved: make coordination-setup).
@@ -41,6 +41,12 @@ def _zookeeper_runtime():
     # diagnosed; seeds 22 and 23 with oncelog's client and 22 with confluent-kafka passed since); in
     # `make cluster-test` / `make faults CLUSTER=1` until it has a longer record.
     pytest.param("consumer", 22, "oncelog", marks=pytest.mark.cluster_slow),
+    # Issue 16: two transactional producers (aborts, stalls past the timeout), read_committed and
+    # read_uncommitted readers and an LSO monitor, with the transaction coordinators' brokers among the targets.
+    ("transactions", 23, "oncelog"),
+    # cluster_slow: the exactly-once copy (read_committed, TxnOffsetCommit) drains its input after the faults,
+    # so a run takes longer (about 45 s with 20 s of faults).
+    pytest.param("eos-copy", 24, "oncelog", marks=pytest.mark.cluster_slow),
 ])
 def test_short_cluster_fault_run_has_no_anomalies(workload, seed, client):
     result = one_run(workload, list(CLUSTER_NEMESES), seed, SECONDS, client, None, cluster=True)
