@@ -40,13 +40,17 @@ def test_unknown_workload_is_refused():
         usable_workloads(["idempotent", "nope"])
 
 
-def test_cluster_runs_cover_both_workloads_with_both_clients_then_every_cluster_nemesis_alone():
+def test_cluster_runs_cover_every_cluster_workload_with_both_clients_then_every_cluster_nemesis_alone():
     from tests.faults.runner import CLUSTER_NEMESES, CLUSTER_WORKLOADS, usable_nemeses
 
-    runs = plan(4 + len(CLUSTER_NEMESES), list(CLUSTER_WORKLOADS), list(CLUSTER_NEMESES), ["confluent", "oncelog"])
-    assert {(w, c) for w, n, c in runs[:4]} == {(w, c) for w in ("idempotent", "consumer")
-                                                 for c in ("confluent", "oncelog")}
-    assert {n[0] for _, n, _ in runs[4:]} == set(CLUSTER_NEMESES)
+    assert {"idempotent", "consumer", "transactions", "eos-copy"} <= set(CLUSTER_WORKLOADS)
+    mixed = 2 * len(CLUSTER_WORKLOADS)
+    runs = plan(mixed + len(CLUSTER_NEMESES), list(CLUSTER_WORKLOADS), list(CLUSTER_NEMESES),
+                ["confluent", "oncelog"])
+    assert {(w, c) for w, n, c in runs[:mixed]} == {(w, c) for w in CLUSTER_WORKLOADS
+                                                     for c in ("confluent", "oncelog")}
+    assert all(n == list(CLUSTER_NEMESES) for _, n, _ in runs[:mixed])
+    assert {n[0] for _, n, _ in runs[mixed:]} == set(CLUSTER_NEMESES)
     assert usable_nemeses(list(CLUSTER_NEMESES), CLUSTER_NEMESES) == list(CLUSTER_NEMESES)
     with pytest.raises(SystemExit, match="unknown nemeses"):
         usable_nemeses(["disk-full"], CLUSTER_NEMESES)
