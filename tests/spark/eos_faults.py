@@ -58,7 +58,10 @@ def fault_udf(flag_dir: Path, trigger: bytes, action: str, seconds: float, annou
 
         assert written is not None
         bootstrap, topic, partitions = written
-        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fault-udf-probe"})
+        # read_uncommitted: the watermark is then the high watermark; read_committed (librdkafka's default)
+        # would give the last stable offset, which the open transaction holding these rows keeps at 0.
+        consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "fault-udf-probe",
+                             "isolation.level": "read_uncommitted"})
         try:
             return any(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] > 0
                        for p in range(partitions))
