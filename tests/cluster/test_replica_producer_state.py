@@ -117,6 +117,18 @@ def read_from_start(c: ClusterProcess, topic: str, expected: int) -> list[tuple[
     return got
 
 
+def acknowledged_batches(c: ClusterProcess, node: int, pid: int, epoch: int, count: int,
+                         tag: str) -> list[tuple[bytearray, int]]:
+    """`count` batches of two records each (`<tag><i>-0`, `<tag><i>-1`) from one idempotent producer, each
+    acknowledged by `node` at the next offsets: [(batch as sent, its base offset)]."""
+    sent: list[tuple[bytearray, int]] = []
+    for i in range(count):
+        buf = batch([f"{tag}{i}-0".encode(), f"{tag}{i}-1".encode()], pid, epoch, 2 * i)
+        assert produce(c, node, buf) == (NONE, 2 * i, 0)
+        sent.append((buf, 2 * i))
+    return sent
+
+
 def states_of(c: ClusterProcess, node: int, topic: str = TOPIC) -> dict[int, tuple[int, int]]:
     """{producer id: (epoch, last sequence)} as broker `node`'s replica holds them (DescribeProducers, which any
     replica answers)."""
@@ -134,11 +146,7 @@ def test_after_a_leader_sigkill_the_new_leader_answers_retries_as_the_old_one(cl
     c = cluster_factory()
     leader = create(c)
     pid, epoch = init_producer(c, leader)
-    sent: list[tuple[bytearray, int]] = []
-    for i in range(7):
-        buf = batch([b"b%d-0" % i, b"b%d-1" % i], pid, epoch, 2 * i)
-        assert produce(c, leader, buf) == (NONE, 2 * i, 0)
-        sent.append((buf, 2 * i))
+    sent = acknowledged_batches(c, leader, pid, epoch, 7, "b")
     followers = [n for n in c.brokers if n != leader]
     for n in followers:  # acks=all: the followers hold the batches; their producer state names the last one
         assert states_of(c, n)[pid] == (epoch, 13)
@@ -168,11 +176,7 @@ def test_deleted_records_then_a_leader_kill_keep_the_producers_and_the_log_start
     c = cluster_factory()
     leader = create(c)
     pid, epoch = init_producer(c, leader)
-    sent: list[tuple[bytearray, int]] = []
-    for i in range(4):
-        buf = batch([b"p%d-0" % i, b"p%d-1" % i], pid, epoch, 2 * i)
-        assert produce(c, leader, buf) == (NONE, 2 * i, 0)
-        sent.append((buf, 2 * i))
+    sent = acknowledged_batches(c, leader, pid, epoch, 4, "p")
     errors: list[str] = []
     delivered: list[tuple[int, bytes]] = []
 

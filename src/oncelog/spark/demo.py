@@ -354,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.cluster and args.bootstrap:
         parser.error("--cluster starts a cluster of its own; --bootstrap uses a running one")
+    if not args.cluster and (args.kill_at is not None or "--restart-after" in (argv or sys.argv[1:])):
+        parser.error("--kill-at and --restart-after go with --cluster (the demo kills only brokers it started)")
     if args.command_config and not args.bootstrap:
         parser.error("--command-config goes with --bootstrap (the demo's own broker is plaintext)")
     from oncelog.cli_commands.common import CommandError, command_config
