@@ -234,6 +234,11 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   "long a dead or paused controller keeps the seat before another broker takes it. At most "
                   "oncelog.coordination.session.timeout.ms; ZooKeeper clamps it to [2, 20] ticks of its tickTime "
                   "(KRaft's controller.quorum.election.timeout.ms is 1000).", at_least(MIN_CONTROLLER_SESSION_MS)),
+        ConfigKey("oncelog.controller.broker.probe.interval.ms", TYPE_INT, 500,
+                  "How often the active controller connects to each other broker's registered address. Two refused "
+                  "connections in a row (nothing listens: the process is gone) and it removes that broker's "
+                  "registration without waiting for its session to expire; timeouts prove nothing and are left to "
+                  "the session. 0 turns the probe off.", at_least(0)),
         ConfigKey("oncelog.coordination.connection.timeout.ms", TYPE_INT, 60000,
                   "How long a starting broker retries an unreachable coordination service before it gives up "
                   "(Kafka's zookeeper.connection.timeout.ms).", at_least(1)),

@@ -28,7 +28,10 @@ CONTROLLER_SESSION_MS = 1500       # the default
 
 
 def _cluster(cluster_factory) -> ClusterProcess:
-    return cluster_factory(**{"oncelog.coordination.session.timeout.ms": BROKER_SESSION_MS})
+    # The crash probe off: a dead controller's broker must keep its registration here, so that only the seat
+    # session can explain how fast a new controller sits.
+    return cluster_factory(**{"oncelog.coordination.session.timeout.ms": BROKER_SESSION_MS,
+                              "oncelog.controller.broker.probe.interval.ms": 0})
 
 
 def _described_controller(c: ClusterProcess, node: int) -> int:

@@ -123,7 +123,7 @@ class ClusterMode:
         self.inter_broker: InterBroker | None = None
         self.marker_channel: MarkerChannel | None = None
         self.producer_ids: ClusterProducerIds | None = None
-        self.broker_epoch: int = -1
+        self._broker_epoch: int = -1
         self.fatal_reason: str | None = None  # why the broker must end (its registration lost for good)
         self._creating: set[str] = set()  # topics auto-created by this broker, in flight
         self._tasks: set[asyncio.Task] = set()
@@ -171,7 +171,7 @@ class ClusterMode:
         assert store is not None and self.replicas is not None and self.fetchers is not None
         instance = hashlib.sha256(str(self.broker.data_dir.resolve()).encode()).hexdigest()[:16]
         try:
-            self.broker_epoch = await store.register_broker(self.node_id, host, port, instance_id=instance)
+            self._broker_epoch = await store.register_broker(self.node_id, host, port, instance_id=instance)
         except StoreUnavailable as exc:
             raise ClusterStartError(f"cannot register with the coordination service: {exc}") from None
         store.on_state_change(self._on_store_state)
@@ -190,6 +190,21 @@ class ClusterMode:
                  self.node_id, store.cluster_id, self.broker_epoch, len(self.image.brokers),
                  self.image.controller_id)
 
+    @property
+    def broker_epoch(self) -> int:
+        """This incarnation's epoch: the store's while registered (it changes when the registration is renewed,
+        cluster/crash_probe.py), else the last one known (while the session is being recovered)."""
+        epoch = self.store.broker_epoch if self.store is not None else None
+        if epoch is not None:
+            self._broker_epoch = epoch
+        return self._broker_epoch
+
+    def leaving(self) -> None:
+        """Before the listener closes: a registration removed from now on (a controller's crash probe sees the
+        closed port) is not renewed."""
+        if self.store is not None:
+            self.store.keep_registered = False
+
     async def _allocate_producer_ids(self, size: int) -> tuple[int, int]:
         assert self.store is not None
         return await self.store.allocate_producer_ids(self.node_id, size)
@@ -207,7 +222,6 @@ class ClusterMode:
     def _on_store_state(self, state: str) -> None:
         if state == CONNECTED and self.replicas is not None:
             assert self.store is not None
-            self.broker_epoch = self.store.broker_epoch or self.broker_epoch
             self.replicas.lease_restored()
         elif state == LOST and self.store is not None and self.store.fatal_error is not None:
             self.fatal_reason = str(self.store.fatal_error)

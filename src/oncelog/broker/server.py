@@ -184,6 +184,8 @@ class Broker:
         if self._stopping:
             return
         self._stopping = True
+        if self.cluster is not None:
+            self.cluster.leaving()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 from oncelog.config import ConfigError, parse_topic_overrides
 from oncelog.errors import ErrorCode
 
+from .crash_probe import CrashProbe
 from .elections import (
     cancel_reassignment,
     complete_reassignment,
@@ -59,6 +60,7 @@ log = logging.getLogger(__name__)
 CAS_ATTEMPTS = 10          # re-read-and-decide rounds before a change is left to the next reconciliation
 WRITE_CONCURRENCY = 64     # partition writes in flight at once (each one ZooKeeper round trip)
 SETTLE_BATCH = 500         # partition states per multi-op when the controller settles many at once (~80 KB)
+PROBE_INTERVAL_KEY = "oncelog.controller.broker.probe.interval.ms"
 STOP_TIMEOUT_S = 10.0      # for the controller's own tasks to end once cancelled
 
 T = TypeVar("T")
@@ -141,7 +143,10 @@ class Controller:
         self.image.subscribe(self._on_delta)
         self.store.on_state_change(self._on_store_state)
         self.store.on_seat_state_change(self._on_store_state)
-        self._tasks = [loop.create_task(self._run()), loop.create_task(self._rebalance_loop())]
+        probe = CrashProbe(self.node_id, self.image, int(self._config(PROBE_INTERVAL_KEY, 0)), self._expire_broker,
+                           lambda: self.is_active)
+        self._tasks = [loop.create_task(self._run()), loop.create_task(self._rebalance_loop()),
+                       loop.create_task(probe.run())]
         self._queue_election()
 
     async def stop(self) -> None:
@@ -239,6 +244,20 @@ class Controller:
             log.info("controller %d steps down (epoch %d): %s", self.node_id, self.epoch, why)
         self.is_active = False
         self.epoch = None
+
+    async def _expire_broker(self, node_id: int, broker_epoch: int) -> bool:
+        """The crash probe found broker `node_id`'s port refusing connections: its registration goes, fenced by this
+        controller's epoch, and the watches then handle the death as a session expiry."""
+        epoch = self.epoch
+        if not self.is_active or epoch is None:
+            return False
+        try:
+            return await self.store.expire_registration(node_id, broker_epoch, epoch)
+        except NotController:
+            self._step_down("the controller epoch moved on")
+        except StoreUnavailable:
+            pass
+        return False
 
     # ---- election --------------------------------------------------------------------------------------------
 

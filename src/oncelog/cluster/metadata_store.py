@@ -267,6 +267,8 @@ class MetadataStore:
         self._closing = False
         self._needs_resync = False
         self._registered_session: int | None = None
+        self._renewing = False
+        self.keep_registered = True      # False once the broker is leaving: a removed registration stays removed
         self._data_watch = self._on_watch                       # one callable per kind: kazoo keeps a set per path
         self._child_watch = self._on_child_watch
 
@@ -1135,8 +1137,47 @@ class MetadataStore:
         info = await self._get_broker(node_id)
         if info is None:
             self.image.remove_broker(node_id)
+            reg = self._registration
+            if reg is not None and reg.node_id == node_id and self._registered_session == self._session_id:
+                self._spawn(self._renew_registration, "this broker's registration")
         else:
             self.image.apply_broker(info)
+
+    async def _renew_registration(self) -> None:
+        """This broker's registration was deleted while its session lives: by a controller that took it for dead
+        (cluster/crash_probe.py), or by hand. Registering again gives it a new broker epoch, which the controller
+        treats as a restart; a broker that is leaving stays gone."""
+        reg = self._registration
+        if (self._renewing or reg is None or not self.keep_registered or self._closing
+                or self._registered_session != self._session_id):
+            return
+        self._renewing = True
+        try:
+            log.warning("the registration of node.id %d was removed while this broker's session is alive; "
+                        "registering again", reg.node_id)
+            await self._register(reg)
+        finally:
+            self._renewing = False
+
+    async def expire_registration(self, node_id: int, broker_epoch: int, controller_epoch: int) -> bool:
+        """Delete broker `node_id`'s registration if it is still the incarnation `broker_epoch` (its czxid), as
+        this controller: its death then takes the path of a session expiry. Returns whether it was deleted."""
+        path = self._p(f"{BROKERS}/{node_id}")
+        try:
+            _, stat = await self._call(self._kz().get_async(path))
+        except NoNodeError:
+            return False
+        if stat.czxid != broker_epoch:
+            return False
+
+        def build(txn: Any) -> None:
+            txn.delete(path, version=stat.version)
+
+        try:
+            await self._commit(build, controller_epoch)
+        except (NoNodeError, BadVersionError):
+            return False
+        return True
 
     async def _read_controller(self) -> None:
         path = self._p(CONTROLLER)
