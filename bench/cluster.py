@@ -509,8 +509,10 @@ def _txn_after_coordinator_kill(target: Target, round_no: int) -> dict[str, Any]
                 continue   # init_transactions() again on the same producer
             producer = None
     p50, p99 = percentile(small_commits, 0.5), percentile(small_commits, 0.99)
+    slowest = sorted(range(len(small_commits)), key=lambda i: -small_commits[i])[:3]
     print(f"  10-record transactions before the kill: {len(small_commits)}, commit p50 "
-          f"{(p50 or 0) * 1000:.1f} ms p99 {(p99 or 0) * 1000:.1f} ms", flush=True)
+          f"{(p50 or 0) * 1000:.1f} ms p99 {(p99 or 0) * 1000:.1f} ms; slowest (transaction: ms) "
+          + ", ".join(f"#{i}: {small_commits[i] * 1000:.0f}" for i in slowest), flush=True)
     print(f"  coordinator {coordinator} SIGKILL -> next committed transaction: {_secs(seconds)} "
           f"({counts['commit_retries']} commit retries, {counts['aborts']} aborts, "
           f"{counts['new_producers']} new producers; errors {sorted(set(errors))})", flush=True)
@@ -519,7 +521,8 @@ def _txn_after_coordinator_kill(target: Target, round_no: int) -> dict[str, Any]
     wait_isr(target, TXN_STATE, 3)
     return {"killed": coordinator, "seconds": seconds, **counts, "errors": errors[:50],
             "small_commit_p50_ms": None if p50 is None else p50 * 1000,
-            "small_commit_p99_ms": None if p99 is None else p99 * 1000}
+            "small_commit_p99_ms": None if p99 is None else p99 * 1000,
+            "small_commits_ms": [round(t * 1000, 1) for t in small_commits]}
 
 
 def measure_transactions(target: Target, args: argparse.Namespace, round_no: int) -> dict[str, Any]:

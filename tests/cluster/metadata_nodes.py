@@ -56,8 +56,11 @@ async def until(condition: Callable[[], bool], what: str, timeout: float | None 
 
 
 def broker_config(connect: str, *settings: str) -> BrokerConfig:
+    # The crash probe off: these nodes register addresses nobody listens on, which the probe would take for dead
+    # processes (tests/cluster/test_crash_probe.py tests it with broker processes).
     return load_broker_config(overrides=[f"oncelog.coordination.connect={connect}",
-                                         "leader.imbalance.check.interval.seconds=3600", *settings])
+                                         "leader.imbalance.check.interval.seconds=3600",
+                                         "oncelog.controller.broker.probe.interval.ms=0", *settings])
 
 
 class Node:

@@ -10,6 +10,7 @@ names and check what the next coordinator (the partition's next leader, which lo
 - an InitProducerId epoch bump retried at the next coordinator gets the same bumped epoch (KIP-360's "provided
   epoch matches the last epoch" row, the last epoch read from the replicated log); an older epoch is fenced;
 - a transaction the dead coordinator timed out is recovered through the next one (KAFKA-9803: abort, go on);
+- a transaction the dead coordinator left open is timed out by the next one, from the start time in the log;
 - a marker below a coordinator epoch already applied for the producer on the partition gets
   TRANSACTION_COORDINATOR_FENCED (52) and appends nothing;
 - Kafka's `kafka-transactions` finds a hanging transaction through a broker that does not lead its partition
@@ -293,6 +294,39 @@ def test_a_transaction_timed_out_by_a_coordinator_that_then_died_is_recovered_th
     final = described(c, new, txn_id)
     assert (final.transaction_state, final.producer_id, final.producer_epoch) == (
         "CompleteCommit", first.producer_id, first.producer_epoch + 1)
+
+
+def test_a_transaction_left_open_by_a_dead_coordinator_is_timed_out_by_the_next(cluster):
+    """A transaction is open (Ongoing, one batch on a partition led elsewhere) when its coordinator's broker is
+    SIGKILLed, well before its transaction.timeout.ms. The next coordinator loads Ongoing with the transaction's
+    start time from the replicated log and its reaper aborts it once the timeout has passed: CompleteAbort at the
+    epoch + 1, the abort marker on the partition (LSO = high watermark, nothing read_committed), and the owner's
+    retried InitProducerId naming the epoch the timeout replaced gets that epoch back (KIP-360), not a fencing."""
+    timeout_ms = 6000
+    c = cluster(**REPLICATED_LOG, **{"transaction.abort.timed.out.transaction.cleanup.interval.ms": 500})
+    txn_id, topic = "t-orphaned", "orphaned"
+    old = coordinator(c, txn_id, 1)
+    leaders = create_spread_topic(c, topic)
+    partition = next(p for p, ld in leaders.items() if ld != old)
+    with Txn(c.brokers[old].bootstrap) as w:
+        error, pid, epoch = w.init_until_done(txn_id, timeout_ms=timeout_ms, deadline_s=converge_s())
+        assert error == NONE
+        assert w.add_codes(txn_id, pid, epoch, [(topic, partition)]) == {NONE}
+    assert produce_in_txn(c, txn_id, topic, partition, pid, epoch, [b"orphan"]) == 0
+    with Txn(c.brokers[old].bootstrap) as w:
+        assert w.state(txn_id) == "Ongoing"
+    c.kill(old)
+    new = next_coordinator(c, txn_id, old)
+    wait_for(lambda: described(c, new, txn_id).transaction_state == "CompleteAbort",
+             "the next coordinator's timeout abort", converge_s() + timeout_ms / 1000)
+    final = described(c, new, txn_id)
+    assert (final.producer_id, final.producer_epoch) == (pid, epoch + 1)
+    leader = partitions(c, topic)[partition].leader_id
+    with Txn(c.brokers[leader].bootstrap) as w:
+        wait_for(lambda: w.lso(topic, partition) == w.hwm(topic, partition) == 2, "the abort marker written")
+    assert read_committed(c, topic, 3)[partition] == []
+    with Txn(c.brokers[new].bootstrap) as w:
+        assert w.init(txn_id, timeout_ms=timeout_ms, pid=pid, epoch=epoch) == (NONE, pid, epoch + 1)
 
 
 # -- 4. TRANSACTION_COORDINATOR_FENCED ------------------------------------------------------------------------

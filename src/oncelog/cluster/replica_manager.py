@@ -166,6 +166,7 @@ class ReplicaManager:
         ensure_local: Callable[[str, int], Partition | None] | None = None,
         delete_local: Callable[[str, int | None], None] | None = None,
         on_readable: Callable[[Key], None] = lambda key: None,
+        wake_replica: Callable[[int], None] = lambda replica_id: None,
         on_topic_deleted: Callable[[str, bytes], Awaitable[None]] | None = None,
         flusher: GroupCommitFlusher | None = None,
         now_ms: Callable[[], int] = _ms,
@@ -181,6 +182,7 @@ class ReplicaManager:
         self._ensure_local = ensure_local or self._open_replica
         self._delete_local = delete_local or self._delete_replica
         self._on_readable = on_readable
+        self._wake_replica = wake_replica
         self._on_topic_deleted = on_topic_deleted
         self._flusher = flusher
         self._now_ms = now_ms
@@ -790,8 +792,19 @@ class ReplicaManager:
 
     def appended(self, part: Partition) -> None:
         """A produce appended to a partition led here: followers parked in a fetch read it now, before the
-        leader's own flush (their fsync and the leader's then run at the same time)."""
-        self._on_readable((part.topic, part.index))
+        leader's own flush (their fsync and the leader's then run at the same time).
+
+        A follower not heard from on this partition since this broker leads it (a new partition, an election)
+        may be parked in a fetch of its other partitions from here: that fetch answers now, so its next one asks
+        for this partition too, instead of after replica.fetch.wait.max.ms."""
+        key = (part.topic, part.index)
+        self._on_readable(key)
+        rep = self.replicas.get(key)
+        if rep is not None and rep.role is Role.LEADER:
+            for r in rep.isr:
+                f = rep.followers.get(r)
+                if r != self.node_id and f is not None and f.fetch_offset < 0:
+                    self._wake_replica(r)
 
     def is_following(self, key: Key, leader: int, leader_epoch: int) -> bool:
         rep = self.replicas.get(key)

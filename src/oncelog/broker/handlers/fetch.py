@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.fetch_codec import FetchPartitionResponse, decode_fetch_request, encode_fetch_response
+from ..delayed import replica_key
 from ..partition_access import LocalPartitionAccess
 from ..wire import FileRegion, close_pieces
 
@@ -195,19 +196,24 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
     keys = [(t.name, p.partition) for t in req.topics for p in t.partitions]
     replica = _replica_verdicts(broker, req) if req.replica_id >= 0 else None
+    watched = keys + [replica_key(req.replica_id)] if replica is not None else keys
+    answer_now = False      # a follower's fetch asked to answer early (delayed.py wake_replica)
     while True:
         topics, total, has_error = _read_all(broker, req, ctx.connection, replica)
         remaining = deadline - loop.time()
-        if total >= req.min_bytes or has_error or remaining <= 0 or ctx.connection.closed or not keys:
+        if (answer_now or total >= req.min_bytes or has_error or remaining <= 0 or ctx.connection.closed
+                or not keys):
             break
         _release(topics)
         event = asyncio.Event()
-        broker.watchers.watch(keys, event)
+        wakes = broker.watchers.replica_wakes(req.replica_id) if replica is not None else 0
+        broker.watchers.watch(watched, event)
         try:
             async with asyncio.timeout(remaining):  # not wait_for: on 3.11 it can swallow a cancellation
                 await event.wait()
         except TimeoutError:
             pass
         finally:
-            broker.watchers.unwatch(keys, event)
+            broker.watchers.unwatch(watched, event)
+        answer_now = replica is not None and broker.watchers.replica_wakes(req.replica_id) != wakes
     return encode_fetch_response(ctx.api_version, 0, 0, 0, topics)
