@@ -72,8 +72,9 @@ bench-cluster: setup coordination-setup
 # Fault runs (tests/faults): RUNS runs, first every workload under all nemeses mixed, then each nemesis alone,
 # each with every client of CLIENTS in turn (confluent-kafka and oncelog's own);
 # prints the anomaly table and writes JSON to FAULTS_OUT (a directory or a .json path). Zero anomalies or exit 1.
-# CLUSTER=1: three brokers on a 3-member ZooKeeper ensemble (needs make coordination-setup), the idempotent and
-# consumer-group workloads, broker/controller/ZooKeeper kills, pauses past the session and inter-broker cuts.
+# CLUSTER=1: three brokers on a 3-member ZooKeeper ensemble (needs make coordination-setup), the idempotent,
+# consumer-group, transactional, exactly-once copy and Spark workloads, broker/controller/ZooKeeper kills, pauses
+# past the session and inter-broker cuts and delays.
 RUNS ?= 3
 SEED ?= 1
 FAULT_SECONDS ?= 30

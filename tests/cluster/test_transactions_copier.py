@@ -4,7 +4,7 @@ An input topic is filled first; then two transactional copiers (tests/faults/wor
 processes so they can be SIGKILLed: a read_committed consumer in one group, a transactional producer with its
 own transactional.id per copier slot, the consumed offsets sent with each transaction, i.e. TxnOffsetCommit)
 copy it to an output topic while brokers are bounced in turn (SIGKILL + restart, SIGTERM + restart) and
-copiers are SIGKILLed and started again with the same transactional.id. The copiers stop by themselves once the
+copiers are SIGKILLed or stopped cleanly (SIGTERM) and started again with the same transactional.id. The copiers stop by themselves once the
 group's committed offsets reach the end of the input.
 
 Then, as in Kafka's test, the output read with read_committed must hold every input message exactly once; here
@@ -159,10 +159,17 @@ class CopyRun:
                 copier.incarnation += 1
                 self.spawn(copier)
 
-    def hard_bounce_copier(self, copier: Copier) -> None:
+    def bounce_copier(self, copier: Copier, clean: bool) -> None:
+        """SIGKILL, or SIGTERM (the copier commits the transaction under way, leaves the group and exits 0),
+        then the same slot again: the same transactional.id."""
         assert copier.proc is not None
-        copier.proc.kill()
-        copier.proc.wait()
+        if clean:
+            copier.proc.terminate()
+            # Its transaction's calls are bounded (30 s each) and it polls at most 0.5 s between them.
+            assert copier.proc.wait(timeout=3 * 30 + converge_s()) == 0, f"{copier.name} did not stop cleanly"
+        else:
+            copier.proc.kill()
+            copier.proc.wait()
         copier.incarnation += 1
         self.spawn(copier)
 
@@ -305,7 +312,7 @@ def run_copy(c: ClusterProcess, workdir: Path, messages: int, batch: int,
                 run.bounce_broker(which, clean)
                 wait_for(lambda: not run.lagging(), f"every replica in sync after broker {which}'s bounce")
             else:
-                run.hard_bounce_copier(run.copiers[which])
+                run.bounce_copier(run.copiers[which], clean)
             run.bounces.append(entry)
         run.wait_copiers()
         copy_done = time.monotonic()
@@ -344,26 +351,30 @@ def copier_cluster(cluster_factory):
 @pytest.mark.timeout(int(budget_s(5_000, 2) + 2 * START_S))
 def test_a_transactional_copy_through_a_broker_and_a_copier_sigkill_is_exactly_once(copier_cluster, tmp_path):
     """Short: 5,000 records in small transactions (20 records, so a few hundred of them); one copier SIGKILLed
-    and restarted a third of the way, one broker SIGKILLed and restarted two thirds of the way."""
-    result = run_copy(copier_cluster, tmp_path, 5_000, 20, [("copier", 0, False), ("broker", 1, False)])
+    and restarted a quarter of the way, one broker SIGKILLed and restarted half way, the other copier stopped
+    cleanly (SIGTERM) and restarted three quarters of the way."""
+    result = run_copy(copier_cluster, tmp_path, 5_000, 20, [("copier", 0, False), ("broker", 1, False),
+                                                             ("copier", 1, True)])
     _report(result)
-    assert [b["kind"] for b in result["bounces"]] == ["copier", "broker"], result
+    assert [b["kind"] for b in result["bounces"]] == ["copier", "broker", "copier"], result
     assert all(b["copied_before"] < 5_000 for b in result["bounces"]), result
 
 
-LONG_SCHEDULE = [("broker", 1, False), ("copier", 0, False), ("broker", 2, True), ("copier", 1, False),
-                 ("broker", 3, False), ("copier", 0, False), ("broker", 1, True), ("copier", 1, False),
-                 ("broker", 2, False), ("copier", 0, False), ("broker", 3, True), ("copier", 1, False)]
+LONG_SCHEDULE = [("broker", 1, False), ("copier", 0, False), ("broker", 2, True), ("copier", 1, True),
+                 ("broker", 3, False), ("copier", 0, True), ("broker", 1, True), ("copier", 1, False),
+                 ("broker", 2, False), ("copier", 0, False), ("broker", 3, True), ("copier", 1, True)]
 
 
 @pytest.mark.cluster_slow
 @pytest.mark.timeout(int(budget_s(100_000, len(LONG_SCHEDULE)) + 2 * START_S))
 def test_kafka_transactions_test_100k_records_through_broker_and_copier_bounces(copier_cluster, tmp_path):
     """Long (Kafka's transactions_test): 100,000 records, brokers hard- and clean-bounced in turn, copiers
-    SIGKILLed in turn between them. Every bounce of the schedule that starts before the copy is complete is
-    made (bounce i of n once i/(n+1) of the records are copied); at least one hard and one clean broker bounce and
-    a bounce of each copier must strike a running copy for the run to count."""
+    hard- and clean-bounced in turn between them. Every bounce of the schedule that starts before the copy is
+    complete is made (bounce i of n once i/(n+1) of the records are copied); at least one hard and one clean
+    bounce of a broker and of a copier, and a bounce of each copier, must strike a running copy for the run to
+    count."""
     result = run_copy(copier_cluster, tmp_path, 100_000, 200, LONG_SCHEDULE)
     _report(result)
-    made = {(b["kind"], b["which"] if b["kind"] == "copier" else b["clean"]) for b in result["bounces"]}
-    assert {("broker", False), ("broker", True), ("copier", 0), ("copier", 1)} <= made, result
+    made = {(b["kind"], b["clean"]) for b in result["bounces"]}
+    assert {("broker", False), ("broker", True), ("copier", False), ("copier", True)} <= made, result
+    assert {b["which"] for b in result["bounces"] if b["kind"] == "copier"} == {0, 1}, result

@@ -128,11 +128,10 @@ CLIENTS = ("confluent", "oncelog")  # confluent-kafka (librdkafka) and oncelog's
 # The order decides the first round of single-nemesis runs (see `plan`): client-kill meets the spark workload.
 NEMESES = ("broker-kill", "broker-pause", "fsync-fail", "client-kill", "proxy-delay", "proxy-blackhole",
            "proxy-lose-responses", "proxy-cut", "disk-full")
-# Cluster mode (--cluster, tests/faults/cluster.py): the default workloads (issue 15's and issue 16's
-# transactional ones; `spark` only when named: a Spark driver beside three brokers and a ZooKeeper ensemble on
-# a small machine is not yet part of the record) and the nemeses of a cluster (which broker each one strikes is
-# chosen per fault, transaction coordinators among them, see cluster.py).
-CLUSTER_WORKLOADS = ("idempotent", "consumer", "transactions", "eos-copy")
+# Cluster mode (--cluster, tests/faults/cluster.py): the default workloads (issue 15's, and issue 16's
+# transactional and Spark ones) and the nemeses of a cluster (which broker each one strikes is chosen per fault,
+# transaction coordinators among them, see cluster.py).
+CLUSTER_WORKLOADS = ("idempotent", "consumer", "transactions", "eos-copy", "spark")
 CLUSTER_NEMESES = ("broker-kill", "broker-pause", "inter-broker-cut", "inter-broker-delay", "coordination-kill",
                    "controller-kill", "client-kill")
 DISK_MB = 256  # the size-limited data directory of runs with the disk-full nemesis

@@ -47,6 +47,9 @@ def _zookeeper_runtime():
     # cluster_slow: the exactly-once copy (read_committed, TxnOffsetCommit) drains its input after the faults,
     # so a run takes longer (about 45 s with 20 s of faults).
     pytest.param("eos-copy", 24, "oncelog", marks=pytest.mark.cluster_slow),
+    # cluster_slow: a Spark driver (a JVM that needs 10-30 s before its first micro-batch) beside three brokers
+    # and the ZooKeeper ensemble; about 2 minutes.
+    pytest.param("spark", 25, "confluent", marks=pytest.mark.cluster_slow),
 ])
 def test_short_cluster_fault_run_has_no_anomalies(workload, seed, client):
     result = one_run(workload, list(CLUSTER_NEMESES), seed, SECONDS, client, None, cluster=True)

@@ -43,7 +43,7 @@ def test_unknown_workload_is_refused():
 def test_cluster_runs_cover_every_cluster_workload_with_both_clients_then_every_cluster_nemesis_alone():
     from tests.faults.runner import CLUSTER_NEMESES, CLUSTER_WORKLOADS, usable_nemeses
 
-    assert {"idempotent", "consumer", "transactions", "eos-copy"} <= set(CLUSTER_WORKLOADS)
+    assert {"idempotent", "consumer", "transactions", "eos-copy", "spark"} <= set(CLUSTER_WORKLOADS)
     mixed = 2 * len(CLUSTER_WORKLOADS)
     runs = plan(mixed + len(CLUSTER_NEMESES), list(CLUSTER_WORKLOADS), list(CLUSTER_NEMESES),
                 ["confluent", "oncelog"])

@@ -308,8 +308,12 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
             return False
         return now - idle_since < 2 or not _copied_everything(c, in_partitions)
 
+    # A clean stop (SIGTERM, Kafka's clean bounce of a copier): the transaction under way commits (or is
+    # recovered), then the consumer leaves its group and the process exits 0.
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: stopping.append(signum))
     dog = Watchdog()
-    while time.monotonic() < deadline or draining():
+    while not stopping and (time.monotonic() < deadline or draining()):
         dog.tick()
         msgs = [m for m in c.consume(args.batch, 0.5) if not m.error()]
         if not msgs:
@@ -339,6 +343,8 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
             _rewind(c, TopicPartition)
         # Draining ends after 5 s without input while polling, not while a call blocked through a fault.
         idle_since = time.monotonic()
+    if stopping:
+        h.log("info", stopped="SIGTERM")
     c.close()
 
 
