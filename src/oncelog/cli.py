@@ -7,12 +7,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import signal
 import sys
 from pathlib import Path
 
 from . import cli_commands
 from .config import ConfigError, load_broker_config
+from .storage.dir_lock import lock_data_dir
 
 
 def _host_port(text: str) -> tuple[str, int]:
@@ -87,6 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
         try:
+            lock = lock_data_dir(Path(args.data_dir))
+        except OSError as exc:
+            print(f"oncelog: cannot start: {exc}", file=sys.stderr)
+            return 1
+        try:
             return asyncio.run(_serve(args))
         except ConfigError as exc:
             print(f"oncelog: configuration error: {exc}", file=sys.stderr)
@@ -94,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"oncelog: cannot start: {exc}", file=sys.stderr)
             return 1
+        finally:
+            os.close(lock)
     return cli_commands.run(args)
 
 
