@@ -90,6 +90,33 @@ def test_registration_epochs_and_duplicate_node_id(coordination_connect):
     run(body())
 
 
+def test_a_removed_registration_is_renewed_unless_the_broker_is_leaving(coordination_connect, kazoo_client):
+    """What a controller's crash probe does to a broker it takes for dead (cluster/crash_probe.py): delete its
+    registration. A broker whose session lives registers again under a new epoch; one that is leaving
+    (`keep_registered` False, set before its listener closes) stays unregistered."""
+    zk = kazoo_client(coordination_connect)
+
+    async def body():
+        a, b = await _store(coordination_connect), await _store(coordination_connect)
+        try:
+            first = await a.register_broker(1, "127.0.0.1", 9001, instance_id="disk-a")
+            await b.register_broker(2, "127.0.0.1", 9002, instance_id="disk-b")
+            await until(lambda: set(b.image.brokers) == {1, 2}, "both registrations seen")
+            zk.delete("/brokers/ids/1")
+            await until(lambda: (b.image.broker_epoch(1) or 0) > first, "broker 1 registered again, a new epoch")
+            assert a.broker_epoch == b.image.broker_epoch(1)
+            b.keep_registered = False
+            zk.delete("/brokers/ids/2")
+            await until(lambda: 2 not in a.image.brokers, "broker 2's registration gone")
+            # Longer than a renewal takes (one ZooKeeper create, seen by watch just above for broker 1).
+            await asyncio.sleep(2)
+            assert zk.exists("/brokers/ids/2") is None and 2 not in a.image.brokers
+        finally:
+            await _close(a, b)
+
+    run(body())
+
+
 _CRASHING_BROKER = """
 import asyncio, sys
 from oncelog.cluster.metadata_image import MetadataImage

@@ -149,7 +149,8 @@ class ClusterMode:
         self.replicas = ReplicaManager(
             self.node_id, self.image, broker.logs, self.config,
             write_state=store.write_partition_state, lease=store,
-            on_readable=broker.watchers.notify, wake_replica=broker.watchers.wake_replica, on_topic_deleted=self._report_deleted, flusher=broker.flusher)
+            on_readable=broker.watchers.notify, wake_replica=broker.watchers.wake_replica,
+            on_topic_deleted=self._report_deleted, flusher=broker.flusher)
         self.fetchers = ReplicaFetcherManager(self.node_id, self.image, broker.logs, self.replicas, self.config,
                                               broker_epoch=lambda: self.broker_epoch)
         broker.partitions = ReplicatedPartitionAccess(self.replicas, self.image)
