@@ -2,7 +2,10 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# Two stamps: BASE_STAMP for what the broker needs (`make run`: the base dependencies), STAMP for everything
+# (the dev and spark extras: tests, demo, benchmarks). Building STAMP also renews BASE_STAMP.
 STAMP := $(VENV)/.setup-stamp
+BASE_STAMP := $(VENV)/.base-stamp
 DATA_DIR ?= ./data
 LISTEN ?= 127.0.0.1:9092
 PYTEST_ARGS ?=
@@ -13,15 +16,26 @@ TEST_MARKERS ?= not kafka_cluster and not kafka_slow and not cluster_slow
 
 .PHONY: setup run cluster test kafka-test coordination-setup cluster-test lint bench clean
 
+$(BASE_STAMP): pyproject.toml
+	@test -x $(PY) || { echo "setup: creating $(VENV) ($(PYTHON) -m venv)"; $(PYTHON) -m venv $(VENV); }
+	@echo "setup: upgrading pip in $(VENV)"
+	@$(PY) -m pip install -q --upgrade pip
+	@echo "setup: installing oncelog and its base dependencies into $(VENV) (pip install -e .)"
+	@$(PY) -m pip install -q -e .
+	@touch $(BASE_STAMP)
+
 $(STAMP): pyproject.toml
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,spark]'
-	touch $(STAMP)
+	@test -x $(PY) || { echo "setup: creating $(VENV) ($(PYTHON) -m venv)"; $(PYTHON) -m venv $(VENV); }
+	@echo "setup: upgrading pip in $(VENV)"
+	@$(PY) -m pip install -q --upgrade pip
+	@echo "setup: installing oncelog with the dev and spark extras into $(VENV) (pip install -e '.[dev,spark]', about 1 GB the first time)"
+	@$(PY) -m pip install -q -e '.[dev,spark]'
+	@touch $(STAMP) $(BASE_STAMP)
 
 setup: $(STAMP)
 
-run: setup
+# The broker alone needs only the base dependencies: no test tools, no Spark.
+run: $(BASE_STAMP)
 	$(VENV)/bin/oncelog serve --data-dir $(DATA_DIR) --listen $(LISTEN)
 
 # A 3-broker cluster on loopback for development: ZooKeeper on CLUSTER_COORDINATION_PORT and brokers on
