@@ -46,7 +46,8 @@ async def _serve(args: argparse.Namespace) -> int:
     text = args.config.read_text() if args.config else None
     config = load_broker_config(text, args.set)
     host, port = args.listen
-    broker = Broker(config, args.data_dir, host, port, metrics_listen=args.metrics_listen)
+    broker = Broker(config, args.data_dir, host, port, metrics_listen=args.metrics_listen,
+                    listen_socket=args.listen_socket)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -88,9 +89,18 @@ def main(argv: list[str] | None = None) -> int:
             stream=sys.stderr,
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+        from .broker.server import StartError, bind_listener
+
         try:
             lock = lock_data_dir(Path(args.data_dir))
         except OSError as exc:
+            print(f"oncelog: cannot start: {exc}", file=sys.stderr)
+            return 1
+        # The port before any log is loaded: taken, the start ends here (see bind_listener).
+        try:
+            args.listen_socket = bind_listener(*args.listen)
+        except StartError as exc:
+            os.close(lock)
             print(f"oncelog: cannot start: {exc}", file=sys.stderr)
             return 1
         try:
@@ -102,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"oncelog: cannot start: {exc}", file=sys.stderr)
             return 1
         finally:
+            args.listen_socket.close()
             os.close(lock)
     return cli_commands.run(args)
 

@@ -12,7 +12,9 @@ partitions of their internal topics this broker leads (transaction markers reach
 from __future__ import annotations
 
 import asyncio
+import errno
 import logging
+import socket
 import time
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,31 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The broker's listening socket, bound but not yet listening: `oncelog serve` binds it before it loads any
+    log, so a port already taken ends the start at once with one line instead of an asyncio bind error after
+    every log was opened. The same socket is handed to the server (`Broker(listen_socket=...)`), so no other
+    process can take the port between a check and the real bind; until the server listens, connections are
+    refused rather than left waiting in a backlog while logs load. One address, the first the host resolves to,
+    as a Kafka listener binds one. StartError says why it cannot."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as exc:
+        raise StartError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        # as asyncio's create_server does: a restart need not wait for the last run's connections in TIME_WAIT
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise StartError(f"{host}:{port} is already in use by another process") from None
+        raise StartError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    return sock
+
+
 class Broker:
     """One broker. Everything below it names it through Protocols it satisfies structurally:
     `context.BrokerServices` (handlers), `connection.ConnectionHost` (connections) and
@@ -55,11 +82,14 @@ class Broker:
         host: str = "127.0.0.1",
         port: int = 9092,
         metrics_listen: tuple[str, int] | None = None,
+        listen_socket: socket.socket | None = None,
     ) -> None:
         self.config = config
         self.data_dir = Path(data_dir)
         self.host = host
         self.port = port
+        # Bound before the broker was made (`bind_listener`); None: bind host:port when starting.
+        self._listen_socket = listen_socket
         self.node_id: int = config["node.id"]
         self.metrics = BrokerMetrics()
         self.metrics_listen = metrics_listen
@@ -151,7 +181,10 @@ class Broker:
         if self.txn_coordinator is not None:
             self.txn_coordinator.start()
         self.group_coordinator.start()
-        self._server = await loop.create_server(lambda: Connection(self), self.host, self.port, backlog=1024)
+        if self._listen_socket is not None:
+            self._server = await loop.create_server(lambda: Connection(self), sock=self._listen_socket, backlog=1024)
+        else:
+            self._server = await loop.create_server(lambda: Connection(self), self.host, self.port, backlog=1024)
         sock = self._server.sockets[0]
         self.host, self.port = sock.getsockname()[:2]
         if self.cluster is not None:
@@ -188,6 +221,8 @@ class Broker:
             self.cluster.leaving()
         if self._server is not None:
             self._server.close()
+        elif self._listen_socket is not None:
+            self._listen_socket.close()
         for conn in list(self.connections):
             conn.close()
         for task in self._tasks:
