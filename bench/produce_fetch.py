@@ -9,6 +9,10 @@ With `--rate-mb R` it measures latency instead: each run offers R MB/s (idempote
 `--linger-ms`) for `--seconds` to a fresh broker and reports p50/p99 from produce() to the delivery
 callback (bench/paced.py), median of the runs: issue 15's single-node figure (goal p50 <= 1.5 ms,
 p99 < 10 ms at 10 MB/s with fsync on).
+
+With `--topic-compression producer,gzip,...` each mode runs once per topic compression.type (issue 21): the
+producer sends uncompressed batches, and the broker recompresses them to the topic's codec; `--value text`
+makes the records compressible text instead of one repeated byte.
 """
 
 from __future__ import annotations
@@ -39,6 +43,22 @@ RECORD = 1024
 PARTITIONS = 4
 
 
+def text_value(size: int = RECORD) -> bytes:
+    """Compressible but not trivial text: words drawn from a small vocabulary (a log line's worth of entropy)."""
+    import random
+
+    rng = random.Random(21)
+    words = [("".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(rng.randint(2, 9)))).encode()
+             for _ in range(500)]
+    out = b""
+    while len(out) < size:
+        out += rng.choice(words) + b" "
+    return out[:size]
+
+
+VALUE = b"x" * RECORD
+
+
 def produce(bootstrap: str, topic: str, total_bytes: int, idempotent: bool) -> dict:
     producer = Producer({
         "bootstrap.servers": bootstrap, "acks": "all", "linger.ms": 5, "enable.idempotence": idempotent,
@@ -53,7 +73,7 @@ def produce(bootstrap: str, topic: str, total_bytes: int, idempotent: bool) -> d
         else:
             latencies.append(msg.latency())
 
-    value = b"x" * RECORD
+    value = VALUE
     count = total_bytes // RECORD
     started = time.perf_counter()
     for i in range(count):
@@ -187,12 +207,14 @@ def produce_java(bootstrap: str, topic: str, total_bytes: int, idempotent: bool)
             "records_per_s": result["records_per_s"], "errors": result["errors"], "p50_ms": None, "p99_ms": None}
 
 
-def one_run(total_bytes: int, idempotent: bool, client: str = "confluent", read: bool = True) -> dict:
+def one_run(total_bytes: int, idempotent: bool, client: str = "confluent", read: bool = True,
+            compression_type: str | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp:
         broker = BrokerProcess(Path(tmp) / "data").start()
         try:
             admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-            admin.create_topics([NewTopic("bench", PARTITIONS, 1)])["bench"].result(30)
+            config = {"compression.type": compression_type} if compression_type else {}
+            admin.create_topics([NewTopic("bench", PARTITIONS, 1, config=config)])["bench"].result(30)
             cpu_before = cpu_seconds(broker.proc.pid)
             producer = produce_java if client == "java" else produce
             p = producer(broker.bootstrap, "bench", total_bytes, idempotent)
@@ -261,11 +283,20 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of a latency run (after 1 s warm-up)")
     parser.add_argument("--linger-ms", type=float, default=1.0, help="producer linger of a latency run")
     parser.add_argument("--no-fsync", action="store_true", help="latency run with oncelog.fsync.enable=false")
+    parser.add_argument("--topic-compression", default="",
+                        help="comma list of topic compression.type values to run each mode with (e.g. "
+                             "producer,gzip,zstd,lz4); the producer sends uncompressed batches")
+    parser.add_argument("--value", choices=("x", "text"), default="x",
+                        help="record value: one repeated byte, or compressible text")
     args = parser.parse_args()
+    global VALUE
+    if args.value == "text":
+        VALUE = text_value()
     if args.rate_mb is not None:
         return latency_main(args)
     total = args.mb * 1024 * 1024
-    modes = args.modes.split(",")
+    codecs = [c for c in args.topic_compression.split(",") if c]
+    modes = [f"{m}:{c}" for m in args.modes.split(",") for c in codecs] if codecs else args.modes.split(",")
     if args.client == "java":
         build_java()
     # Modes alternate run by run, and their order flips every round (A B, B A, ...): a run pays for the page-cache
@@ -273,7 +304,9 @@ def main() -> int:
     all_runs: dict[str, list[dict]] = {mode: [] for mode in modes}
     for round_no in range(args.runs):
         for mode in (modes if round_no % 2 == 0 else modes[::-1]):
-            all_runs[mode].append(one_run(total, mode == "idempotent", args.client, not args.produce_only))
+            kind, _, codec = mode.partition(":")
+            all_runs[mode].append(one_run(total, kind == "idempotent", args.client, not args.produce_only,
+                                          codec or None))
     summary = {}
     for mode in modes:
         runs = all_runs[mode]
@@ -295,11 +328,11 @@ def main() -> int:
         }
     print(f"\nproducer: {args.client}; produce/fetch, {args.mb} MiB of {RECORD} B records, {PARTITIONS} partitions, acks=all, linger 5 ms, "
           f"median of {args.runs}")
-    print(f"{'mode':<12}{'produce MB/s':>14}{'records/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'broker CPU s/GiB':>18}"
+    print(f"{'mode':<20}{'produce MB/s':>14}{'records/s':>12}{'p50 ms':>9}{'p99 ms':>9}{'broker CPU s/GiB':>18}"
           f"{'fetch MB/s':>12}{'consume MB/s':>14}{'errors':>8}")
     for mode, s in summary.items():
         p50, p99 = (f"{v:>9.1f}" if v is not None else f"{'-':>9}" for v in (s["produce_p50_ms"], s["produce_p99_ms"]))
-        print(f"{mode:<12}{s['produce_mb_per_s']:>14.1f}{s['produce_records_per_s']:>12.0f}{p50}"
+        print(f"{mode:<20}{s['produce_mb_per_s']:>14.1f}{s['produce_records_per_s']:>12.0f}{p50}"
               f"{p99}{s['broker_cpu_s_per_gib']:>18.2f}{_num(s['fetch_mb_per_s'], 12)}"
               f"{_num(s['consume_mb_per_s'], 14)}{s['delivery_errors']:>8}")
     print("fetch: batch reader over the wire (what the broker serves); consume: confluent-kafka consumer with a "
@@ -312,7 +345,8 @@ def main() -> int:
         print(f"idempotence: {cost * 100:.1f}% less produce throughput end to end{cap}, "
               f"{cpu * 100:+.1f}% broker CPU per GiB")
     out = Path(__file__).parent / "results" / f"produce_fetch-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"mb": args.mb, "runs": args.runs, "client": args.client, "summary": summary}, indent=2))
+    out.write_text(json.dumps({"mb": args.mb, "runs": args.runs, "client": args.client, "value": args.value,
+                               "summary": summary}, indent=2))
     print(f"results: {out}")
     return 0
 

@@ -99,6 +99,11 @@ def one_of(*choices: str) -> Callable[[Any], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
 
+def between(low: int, high: int, *also: int) -> Callable[[Any], str | None]:
+    extra = "".join(f" or {v}" for v in also)
+    return lambda v: None if low <= v <= high or v in also else f"must be between {low} and {high}{extra}"
+
+
 def list_of(*choices: str) -> Callable[[Any], str | None]:
     def check(values: list[str]) -> str | None:
         bad = [v for v in values if v not in choices]
@@ -118,6 +123,13 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
                   list_of("delete", "compact"), "log.cleanup.policy"),
         ConfigKey("compression.type", TYPE_STRING, "producer", "Codec the topic keeps; 'producer' keeps the producer's.",
                   one_of(*COMPRESSION_TYPES), "compression.type"),
+        # KIP-390: the level the broker compresses with when it recompresses to compression.type.
+        ConfigKey("compression.gzip.level", TYPE_INT, -1, "gzip level of batches the broker recompresses; -1: 6.",
+                  between(1, 9, -1), "compression.gzip.level"),
+        ConfigKey("compression.lz4.level", TYPE_INT, 9, "lz4 level of batches the broker recompresses (9: fast).",
+                  between(1, 17), "compression.lz4.level"),
+        ConfigKey("compression.zstd.level", TYPE_INT, 3, "zstd level of batches the broker recompresses.",
+                  between(-131072, 22), "compression.zstd.level"),
         ConfigKey("max.message.bytes", TYPE_INT, 1048588, "Largest record batch the topic accepts.",
                   at_least(0), "message.max.bytes"),
         ConfigKey("message.timestamp.type", TYPE_STRING, "CreateTime", "CreateTime or LogAppendTime.",
@@ -162,6 +174,9 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("advertised.listeners", TYPE_STRING, "", "host:port clients are told to connect to."),
         ConfigKey("log.cleanup.policy", TYPE_LIST, ["delete"], "Default cleanup.policy.", list_of("delete", "compact")),
         ConfigKey("compression.type", TYPE_STRING, "producer", "Default compression.type.", one_of(*COMPRESSION_TYPES)),
+        ConfigKey("compression.gzip.level", TYPE_INT, -1, "Default compression.gzip.level.", between(1, 9, -1)),
+        ConfigKey("compression.lz4.level", TYPE_INT, 9, "Default compression.lz4.level.", between(1, 17)),
+        ConfigKey("compression.zstd.level", TYPE_INT, 3, "Default compression.zstd.level.", between(-131072, 22)),
         ConfigKey("message.max.bytes", TYPE_INT, 1048588, "Default max.message.bytes.", at_least(0)),
         ConfigKey("log.message.timestamp.type", TYPE_STRING, "CreateTime", "Default message.timestamp.type.",
                   one_of("CreateTime", "LogAppendTime")),

@@ -45,7 +45,8 @@ INVALID_CONFIG = 40
 INVALID_REQUEST = 42
 
 DEFAULTS = {
-    "cleanup.policy": "delete", "compression.type": "producer", "max.message.bytes": "1048588",
+    "cleanup.policy": "delete", "compression.type": "producer", "compression.gzip.level": "-1",
+    "compression.lz4.level": "9", "compression.zstd.level": "3", "max.message.bytes": "1048588",
     "message.timestamp.type": "CreateTime", "message.timestamp.before.max.ms": "9223372036854775807",
     "message.timestamp.after.max.ms": "9223372036854775807", "retention.ms": "604800000",
     "retention.bytes": "-1", "segment.bytes": "1073741824", "segment.ms": "604800000",

@@ -45,8 +45,12 @@ from aiokafka.record.default_records import DefaultRecordBatch
 from oncelog.config import LONG_MAX, TopicConfig
 from oncelog.errors import ErrorCode
 from oncelog.records.batch import (
+    COMPRESSION_GZIP,
+    COMPRESSION_LZ4,
     COMPRESSION_MASK,
     COMPRESSION_NAMES,
+    COMPRESSION_NONE,
+    COMPRESSION_SNAPPY,
     COMPRESSION_ZSTD,
     CONTROL_MASK,
     CRC_START,
@@ -61,7 +65,7 @@ from oncelog.records.batch import (
     BatchHeader,
     read_header,
 )
-from oncelog.records.compression import CompressionError, inflate_batch
+from oncelog.records.compression import CompressionError, inflate_batch, library_level, recompress_batch
 
 # Failure kinds: one broker metric each (Kafka's BrokerTopicStats names in comments).
 KIND_NO_KEY_COMPACTED = "no_key_compacted"  # NoKeyCompactedTopicRecordsPerSec
@@ -85,6 +89,14 @@ MIN_RECORD_SIZE = 7  # length, attributes, timestamp delta, offset delta, key le
 # above anything a client batches (Kafka clients default to 16 KiB batches, 1 MiB requests).
 MAX_DECOMPRESSED_BYTES = 256 * 1024 * 1024
 _ZSTD_MIN_PRODUCE_VERSION = 7
+
+# compression.type -> the codec batches are stored in; None: as the producer sent them.
+TOPIC_CODECS: Mapping[str, int | None] = MappingProxyType({
+    "producer": None, "uncompressed": COMPRESSION_NONE, "gzip": COMPRESSION_GZIP, "snappy": COMPRESSION_SNAPPY,
+    "lz4": COMPRESSION_LZ4, "zstd": COMPRESSION_ZSTD,
+})
+_LEVEL_KEYS = {COMPRESSION_GZIP: "compression.gzip.level", COMPRESSION_LZ4: "compression.lz4.level",
+               COMPRESSION_ZSTD: "compression.zstd.level"}
 
 _EMPTY_COUNTS: Mapping[str, int] = MappingProxyType({})
 _NO_RECORD_ERRORS: Sequence[tuple[int, str]] = ()
@@ -197,7 +209,11 @@ def validate_produce(
     after = values["message.timestamp.after.max.ms"]
     bounded = (before < LONG_MAX or after < LONG_MAX) and values["message.timestamp.type"] == "CreateTime"
     producer_log_append_time = attributes & TIMESTAMP_TYPE_MASK
-    if codec or compacted or bounded or producer_log_append_time or walk_records:
+    target = TOPIC_CODECS[values["compression.type"]]
+    # A batch the broker recompresses is walked as Kafka's compressed path walks it: its records must parse to
+    # exactly the declared count before they are stored under a codec the producer did not choose.
+    if codec or compacted or bounded or producer_log_append_time or walk_records or (
+            target is not None and target != codec):
         return _walk(records, header, codec, compacted, bounded, now_ms - before, now_ms + after,
                      bool(producer_log_append_time), where)
     if count * MIN_RECORD_SIZE > length - MIN_BATCH_LENGTH:
@@ -205,6 +221,40 @@ def validate_produce(
                      f"Record batch for {where} declares {count} records, more than its "
                      f"{length - MIN_BATCH_LENGTH} record bytes can hold", header)
     return ValidationResult(True, ErrorCode.NONE, _NO_RECORD_ERRORS, None, header, None, _EMPTY_COUNTS)
+
+
+def stored_codec(topic: TopicConfig, source: int) -> int | None:
+    """The codec a batch sent with `source` must be stored in, or None when it is stored as sent.
+
+    Kafka keeps a batch whose codec is the topic's compression.type (or any batch under 'producer') and
+    rebuilds every other one with the topic's codec; 'uncompressed' decompresses.
+    """
+    target = TOPIC_CODECS[topic.values["compression.type"]]
+    return None if target is None or target == source else target
+
+
+def convert_codec(records: bytes | bytearray | memoryview, header: BatchHeader, topic: TopicConfig, target: int,
+                  *, partition: str = "") -> ValidationResult | bytearray:
+    """The validated batch rebuilt in codec `target` at the topic's level for it, or why it cannot be stored.
+
+    A rebuilt batch is checked against max.message.bytes again (Kafka does: decompressing can grow a
+    batch past it), and answers MESSAGE_TOO_LARGE when it grew too big.
+    """
+    where = f"topic partition {partition}" if partition else "this partition"
+    name = COMPRESSION_NAMES[target] if target else "uncompressed"
+    level_key = _LEVEL_KEYS.get(target)
+    level = library_level(target, topic.values[level_key]) if level_key else None
+    try:
+        rebuilt = recompress_batch(records, target, level, MAX_DECOMPRESSED_BYTES)
+    except CompressionError as exc:
+        return _fail(ErrorCode.INVALID_RECORD, KIND_INVALID_RECORD,
+                     f"The record batch for {where} cannot be stored as {name}: {exc}", header)
+    max_bytes = topic.values["max.message.bytes"]
+    if len(rebuilt) > max_bytes:
+        return _fail(ErrorCode.MESSAGE_TOO_LARGE, KIND_MESSAGE_TOO_LARGE,
+                     f"The record batch for {where} is {len(rebuilt)} bytes once stored as "
+                     f"{name} (compression.type), above max.message.bytes ({max_bytes})", header)
+    return rebuilt
 
 
 def _short(records: memoryview, n: int, where: str) -> ValidationResult:

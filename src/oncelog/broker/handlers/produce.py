@@ -20,7 +20,7 @@ from ...protocol.produce_codec import (
     encode_produce_response,
 )
 from ...records.batch import read_header, set_log_append_time
-from ...records.validate import validate_produce
+from ...records.validate import convert_codec, stored_codec, validate_produce
 from .common import now_ms
 
 if TYPE_CHECKING:
@@ -181,6 +181,17 @@ def _append_all(broker: BrokerServices, ctx: RequestContext, req: Any,
             if verdict is not None:
                 slot.error, slot.message = _client_facing(broker, ctx, header, *verdict)
                 continue
+            target = stored_codec(meta.config, header.compression)
+            if target is not None:
+                # The topic's compression.type differs from the batch's codec: store it rebuilt (per-byte work,
+                # never reached under 'producer', the default, nor when the codecs already match).
+                rebuilt = convert_codec(records, header, meta.config, target, partition=f"{topic_name}-{index}")
+                if not isinstance(rebuilt, bytearray):
+                    metrics.produce_failures.labels(rebuilt.failure_kind).inc()
+                    slot.error, slot.message = rebuilt.error, rebuilt.message
+                    continue
+                records = memoryview(rebuilt)
+                header = read_header(records)
             log_append_time = meta.config.log_append_time
             if log_append_time:
                 set_log_append_time(records, 0, header.size, now)
