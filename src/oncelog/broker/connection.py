@@ -198,6 +198,11 @@ class Connection(asyncio.BufferedProtocol):
                     return
                 await self._send(pieces)
                 self.last_active = time.monotonic()
+        except ConnectionError as exc:
+            # The client went away while its answer was being sent (BrokenPipeError, ConnectionResetError,
+            # asyncio's "Connection closed by peer"): a consumer closing mid-fetch is normal, not a broker fault.
+            log.debug("client %s went away while a response was being sent (%s)", self.peer, exc.strerror or exc)
+            self.close()
         except Exception:  # a writer failure must not leave the connection half alive
             log.exception("response writer for %s failed", self.peer)
             self.close()
@@ -218,11 +223,15 @@ class Connection(asyncio.BufferedProtocol):
             else:
                 loop = asyncio.get_running_loop()
                 for piece in pieces:
-                    if self.closed:
+                    if self.closed or transport.is_closing():
                         return
                     if isinstance(piece, FileRegion):
                         if piece.size:
                             await self._can_write.wait()
+                            if self.closed or transport.is_closing():
+                                # lost while waiting; connection_lost may not have run yet, and sendfile on
+                                # a closing transport raises RuntimeError rather than a ConnectionError
+                                return
                             with os.fdopen(os.dup(piece.fd), "rb", buffering=0) as fileobj:
                                 await loop.sendfile(transport, fileobj, piece.position, piece.size)
                     else:
