@@ -98,18 +98,28 @@ class Partition:
 
     # -- recovery ---------------------------------------------------------------------------------------
     def load_producer_state(self, now_ms: int) -> None:
-        """Newest snapshot at or below the log end, then replay the batches after it."""
+        """Newest snapshot at or below the log end, then replay the batches after it.
+
+        The state is whole only if the log holds every batch from that snapshot (from offset 0 without one) to
+        its end. When it does not, the log holds less than this replica once had: its partition directory was
+        lost or emptied while the checkpoints kept its log start, or a recovery cut it below every snapshot
+        left. Then the producers whose batches were in the gap are missing, and the log is marked
+        `producer_state_incomplete` (durably, before anything else is written), as a start-over marks it, so a
+        follower takes its leader's state before it may join the ISR (seed 000, docs/cluster.md §4.7)."""
         plog = self.log
         self.txn_index.load()
         start = self.producers.load_latest_snapshot(plog.log_end_offset)
         first_base = plog.segments[0].base_offset if plog.segments else 0
-        replay_from = first_base if start is None else start
-        if start is not None and start < first_base:
+        replay_from = first_base if start is None else max(start, first_base)
+        if (0 if start is None else start) < first_base:
+            if not self.producer_state_incomplete:
+                atomic_write(self._incomplete_path, str(first_base).encode())
             log.warning(
-                "%s: producer snapshot at %d is older than the oldest segment (%d); producers whose only "
-                "batches were in between are forgotten", self.name, start, first_base,
+                "%s: the log starts at %d but the producer state %s: producers whose only batches were "
+                "below %d are missing here (marked incomplete; a follower takes its leader's state)",
+                self.name, first_base,
+                "has no snapshot" if start is None else f"snapshot is of offset {start}", first_base,
             )
-            replay_from = first_base
         self.txn_index.truncate_from(replay_from, [seg.base_offset for seg in plog.segments])
         replayed = 0
         for header in plog.iter_batches(replay_from, plog.log_end_offset):
