@@ -157,7 +157,8 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
         ConfigKey("unclean.leader.election.enable", TYPE_BOOLEAN, False,
                   "Elect a replica outside the ISR when no in-sync replica is alive (may lose acknowledged data).",
                   None, "unclean.leader.election.enable"),
-        ConfigKey("file.delete.delay.ms", TYPE_LONG, 60000, "Kept for compatibility; deletion is immediate.",
+        ConfigKey("file.delete.delay.ms", TYPE_LONG, 60000,
+                  "How long a deleted segment's files stay on disk as <name>.deleted before they are unlinked.",
                   at_least(0), "log.segment.delete.delay.ms"),
     ]
 }
@@ -200,9 +201,6 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   "Default min.insync.replicas: in-sync replicas an acks=all write needs.", at_least(1)),
         ConfigKey("log.flush.offset.checkpoint.interval.ms", TYPE_INT, 60000,
                   "How often the recovery point of every partition is checkpointed.", at_least(1)),
-        ConfigKey("log.flush.start.offset.checkpoint.interval.ms", TYPE_INT, 60000,
-                  "How often log start offsets are checkpointed (they are also written when they move).",
-                  at_least(1)),
         ConfigKey("socket.request.max.bytes", TYPE_INT, 104857600, "Largest request frame accepted.", at_least(1)),
         ConfigKey("max.connections", TYPE_INT, 1000, "Open client connections allowed at once.", at_least(1)),
         ConfigKey("queued.max.requests", TYPE_INT, 500,
@@ -303,6 +301,13 @@ def _broker_keys() -> dict[str, ConfigKey]:
 
 
 BROKER_KEYS = _broker_keys()
+
+# Kafka keys the broker refuses at startup instead of taking them and doing nothing (issue 21): key -> why.
+REFUSED_BROKER_KEYS: dict[str, str] = {
+    "log.flush.start.offset.checkpoint.interval.ms":
+        "log-start-offset-checkpoint is written every time a log start offset moves (DeleteRecords, retention, "
+        "a follower taking its leader's), so there is no interval to set; remove the key",
+}
 
 _TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")
 
@@ -440,6 +445,8 @@ def load_broker_config(
     values = {name: key.default for name, key in BROKER_KEYS.items()}
     explicit: set[str] = set()
     for name, value in raw.items():
+        if name in REFUSED_BROKER_KEYS:
+            raise ConfigError(f"Configuration {name} is not supported: {REFUSED_BROKER_KEYS[name]}")
         key = BROKER_KEYS.get(name)
         if key is None:
             alias = _ALIASES.get(name)

@@ -185,7 +185,8 @@ class Connection(asyncio.BufferedProtocol):
                 except asyncio.CancelledError:
                     return
                 self._pending.popleft()
-                if self._reading_paused and len(self._pending) < self.max_queued // 2 and self.transport:
+                # Resume at half the limit, and at the latest when nothing is pending (queued.max.requests=1).
+                if self._reading_paused and len(self._pending) < max(1, self.max_queued // 2) and self.transport:
                     self._reading_paused = False
                     self.transport.resume_reading()
                 if pieces is _CLOSE:

@@ -162,6 +162,18 @@ class _IndexFile:
         except FileNotFoundError:
             pass
 
+    def rename_for_deletion(self, suffix: str) -> str | None:
+        """Close the fd and give the file `suffix` (deleted later, see LogSegment.delete); the new path, or None
+        when there was no file."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        try:
+            os.rename(self.path, self.path + suffix)
+        except FileNotFoundError:
+            return None
+        return self.path + suffix
+
 
 class OffsetIndex(_IndexFile):
     """Sparse map offset -> file position. An entry is (last offset of a batch, position of that batch), as in

@@ -29,7 +29,7 @@ from ..config import TopicConfig
 from ..errors import ErrorCode, KafkaError
 from ..records.batch import LOG_OVERHEAD, BatchHeader, set_base_offset
 from . import fault_injection
-from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, segment_path
+from .segment import DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, segment_path
 
 # Reads up to this size are copied out with pread; larger ones are handed over as a file region for sendfile.
 INLINE_READ_MAX = 64 * 1024
@@ -133,6 +133,7 @@ class PartitionLog:
         self._retention_ms: int = config["retention.ms"]
         self._retention_bytes: int = config["retention.bytes"]
         self._deletes: bool = config.deletes
+        self._file_delete_delay_ms: int = config["file.delete.delay.ms"]
 
     # -- opening --------------------------------------------------------------------------------------------
     @classmethod
@@ -242,6 +243,10 @@ class PartitionLog:
         for name in os.listdir(self.directory):
             stem, dot, suffix = name.partition(".")
             if len(stem) != 20 or not stem.isdigit():
+                continue
+            if name.endswith(DELETED_SUFFIX):
+                # Deleted before a stop that came inside file.delete.delay.ms: nothing reads it any more.
+                os.unlink(os.path.join(self.directory, name))
                 continue
             if "." + suffix == LOG_SUFFIX:
                 logs.add(int(stem))
@@ -383,7 +388,7 @@ class PartitionLog:
                     segment.unsynced = False
                 deleted.append(segment.base_offset)
                 self._dir_dirty = True
-                segment.delete()
+                segment.delete(self._file_delete_delay_ms)
             segment = self._segments[-1]
             if segment.next_offset > offset:
                 found = segment.position_of(offset)
@@ -746,7 +751,7 @@ class PartitionLog:
         for segment in old:
             segment.unsynced = False
             try:
-                segment.delete()
+                segment.delete(self._file_delete_delay_ms)
             except OSError as exc:
                 failure = failure or exc
         if failure is None:
@@ -886,7 +891,7 @@ class PartitionLog:
             self._unsynced.remove(segment)
             segment.unsynced = False
         try:
-            segment.delete()
+            segment.delete(self._file_delete_delay_ms)
         except OSError as exc:
             log.warning("%s: could not delete %s: %s", self.name, segment.log_path, exc)
         self._dir_dirty = True

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable, Iterator
 
 import crc32c
@@ -24,6 +25,7 @@ from .index import INT32_MAX, OffsetIndex, TimeIndex
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIME_INDEX_SUFFIX = ".timeindex"
+DELETED_SUFFIX = ".deleted"  # a deleted segment's files until file.delete.delay.ms has passed
 NO_TIMESTAMP = -1
 
 _MIN_LENGTH = HEADER_SIZE - LOG_OVERHEAD
@@ -31,6 +33,14 @@ _TAIL_CHUNK = 64 * 1024
 _RECOVER_CHUNK = 1024 * 1024
 
 log = logging.getLogger(__name__)
+
+
+def _unlink_quietly(paths: list[str]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
 
 
 def segment_path(directory: str, base_offset: int, suffix: str) -> str:
@@ -438,17 +448,40 @@ class LogSegment:
         finally:
             os.close(self.fd)
 
-    def delete(self) -> None:
-        """Close and unlink the files. Readers holding a dup of the fd keep reading the old data."""
+    def delete(self, delay_ms: int = 0) -> None:
+        """Close and unlink the files. Readers holding a dup of the fd keep reading the old data.
+
+        With `delay_ms` (file.delete.delay.ms) the files are renamed to `<name>.deleted` at once and unlinked
+        that much later, as Kafka does: the segment is gone from the log at once, while an operator (or a tool
+        that copies the directory) still finds its bytes for a while. Fetches in flight do not need the delay
+        here, they hold duplicated fds. A `.deleted` file left by a stop inside the delay is removed when the
+        partition is next opened (PartitionLog._list_segments).
+        """
         if not self._closed:
             self._closed = True
             os.close(self.fd)
+        if delay_ms <= 0:
+            try:
+                os.unlink(self.log_path)
+            except FileNotFoundError:
+                pass
+            self.offset_index.delete()
+            self.time_index.delete()
+            return
+        renamed: list[str] = []
         try:
-            os.unlink(self.log_path)
+            os.rename(self.log_path, self.log_path + DELETED_SUFFIX)
+            renamed.append(self.log_path + DELETED_SUFFIX)
         except FileNotFoundError:
             pass
-        self.offset_index.delete()
-        self.time_index.delete()
+        for index in (self.offset_index, self.time_index):
+            path = index.rename_for_deletion(DELETED_SUFFIX)
+            if path is not None:
+                renamed.append(path)
+        if renamed:
+            timer = threading.Timer(delay_ms / 1000, _unlink_quietly, (renamed,))
+            timer.daemon = True
+            timer.start()
 
     def __repr__(self) -> str:
         return f"LogSegment({self.log_path!r}, size={self.size}, next_offset={self.next_offset})"
