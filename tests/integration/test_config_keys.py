@@ -200,3 +200,37 @@ def test_refused_broker_key_stops_the_start(tmp_path):
         broker.start(timeout=30)
     assert ("configuration error: Configuration log.flush.start.offset.checkpoint.interval.ms is not supported: "
             "log-start-offset-checkpoint is written every time a log start offset moves") in broker.log_tail()
+
+
+def test_group_keys_on_the_wire(broker_factory, topic_name):
+    """group.max.size, offset.metadata.max.bytes and group.min.session.timeout.ms, each against its default."""
+    from kafka.protocol.consumer import OffsetCommitRequest
+    from tests.integration.test_groups_wire import join, joined_member
+
+    from oncelog.errors import ErrorCode as E
+
+    def commit_with_metadata(w: Wire, metadata: str) -> int:
+        T = OffsetCommitRequest.OffsetCommitRequestTopic
+        resp = w.request(OffsetCommitRequest(
+            group_id="simple", generation_id_or_member_epoch=-1, member_id="", group_instance_id=None,
+            retention_time_ms=-1, topics=[T(name=topic_name, partitions=[T.OffsetCommitRequestPartition(
+                partition_index=0, committed_offset=1, committed_leader_epoch=-1, committed_metadata=metadata)])]), 7)
+        return resp.topics[0].partitions[0].error_code
+
+    base = {"group.initial.rebalance.delay.ms": 0, "offsets.topic.num.partitions": 1}
+    default = broker_factory(base, name="default")
+    tuned = broker_factory({**base, "group.max.size": 1, "offset.metadata.max.bytes": 10,
+                            "group.min.session.timeout.ms": 500}, name="tuned")
+    for broker in (default, tuned):
+        create_topic(broker.bootstrap, topic_name)
+    results = {}
+    for name, broker in (("default", default), ("tuned", tuned)):
+        with Wire(broker.bootstrap) as w, Wire(broker.bootstrap) as other:
+            joined_member(w, "full", session=6000)
+            second = join(other, "full", session=6000).error_code
+            short_session = join(other, "short", session=1000).error_code
+            results[name] = (second, commit_with_metadata(w, "x" * 11), short_session)
+    assert results == {
+        "default": (E.MEMBER_ID_REQUIRED, E.NONE, E.INVALID_SESSION_TIMEOUT),
+        "tuned": (E.GROUP_MAX_SIZE_REACHED, E.OFFSET_METADATA_TOO_LARGE, E.MEMBER_ID_REQUIRED),
+    }

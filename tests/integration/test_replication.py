@@ -83,7 +83,8 @@ class Node:
 class Cluster:
     """Brokers on a loop in a background thread; `call` runs a function on that loop and returns its result."""
 
-    def __init__(self, root: Path, nodes: int = 3, partitions: int = 1, fsync: bool = True) -> None:
+    def __init__(self, root: Path, nodes: int = 3, partitions: int = 1, fsync: bool = True,
+                 settings: dict[str, object] | None = None) -> None:
         self.root = root
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -93,6 +94,7 @@ class Cluster:
         self.nodes: dict[int, Node] = {}
         self.partitions = partitions
         self.fsync = fsync
+        self.settings = dict(settings or {})  # more broker keys, for every broker
         for node_id in range(1, nodes + 1):
             self.nodes[node_id] = self.call_async(self._start(node_id))
 
@@ -109,6 +111,7 @@ class Cluster:
         config = load_broker_config(overrides=[
             f"node.id={node_id}", f"oncelog.fsync.enable={'true' if self.fsync else 'false'}",
             f"replica.lag.time.max.ms={LAG_MS}", "replica.fetch.backoff.ms=100", "replica.fetch.wait.max.ms=200",
+            *(f"{key}={value}" for key, value in self.settings.items()),
         ])
         broker = Broker(config, self.root / f"b{node_id}", port=0)
         await broker.start()
