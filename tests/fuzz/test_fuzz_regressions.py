@@ -30,6 +30,18 @@ def test_transaction_log_value_with_an_unknown_state():
         log_format.decode_value("tx", bytes(value))
 
 
+def test_a_null_string_in_a_string_array_is_malformed():
+    """FindCoordinator v6 with a null among its coordinator_keys (compact string length 0) was decoded as [None]
+    and the handler failed encoding its answer (AttributeError) instead of the request being refused as
+    malformed, as Kafka refuses it."""
+    from oncelog.protocol.messages import decode_request
+
+    body = bytes([0, 2, 0, 0])  # key_type 0, a one-element compact array, its string null, no tagged fields
+    with pytest.raises(ProtocolError, match="null element in coordinator_keys"):
+        decode_request(10, 6, memoryview(body))
+    assert decode_request(10, 6, memoryview(bytes([0, 2, 2]) + b"g" + bytes([0]))).coordinator_keys == ["g"]
+
+
 POLICY_VIOLATION = 44
 
 

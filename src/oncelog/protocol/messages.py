@@ -63,6 +63,9 @@ def _check_nulls(struct: Any, value: Any, version: int, where: str) -> None:
                 _check_nulls(field, element, version, where)
         elif field.is_struct():
             _check_nulls(field, item, version, where)
+        elif field.type_str in ("[]string", "[]bytes") and any(element is None for element in item):
+            # the elements of an array are never nullable in Kafka's schemas (the library decodes them anyway)
+            raise ProtocolError(f"malformed {where} v{version}: null element in {name}")
 
 
 def _build(cls: Any, data: Any) -> Any:
