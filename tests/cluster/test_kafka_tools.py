@@ -4,8 +4,8 @@ single node.
 kafka-topics (create with replication factor 3, --describe parsed and held against every broker's Metadata, alter
 --partitions, delete), kafka-reassign-partitions (--generate / --execute / --verify moving replicas to other
 brokers with the data intact; the same under an idempotent acks=all producer, every acknowledged record read back
-once and in order; --throttle refused before anything starts), kafka-leader-election (preferred, after a
-controlled shutdown moved leaders away), kafka-log-dirs (every replica, followers included, with the leader's
+once and in order; a plan whose log_dirs name each broker's directory; --throttle refused before anything
+starts), kafka-leader-election (preferred, after a controlled shutdown moved leaders away), kafka-log-dirs (every replica, followers included, with the leader's
 size), kafka-consumer-groups (--describe, --state, --members) and kafka-transactions (describe-producers on a
 follower, find-hanging per broker). The tools run as Kafka ships them (main classes of org.apache.kafka:kafka-tools
 from Maven Central, tests/support/kafka_tools.py); without java/mvn they are skipped with the reason.
@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from confluent_kafka import Consumer, Producer
 from confluent_kafka import TopicPartition as CkPartition
-from kafka.protocol.admin import IncrementalAlterConfigsRequest
+from kafka.protocol.admin import AlterReplicaLogDirsRequest, IncrementalAlterConfigsRequest
 
 from oncelog.broker.handlers.controller_requests import DEFAULT_TIMEOUT_MS
 from oncelog.coordinator.partitioning import partition_for
@@ -403,6 +403,62 @@ def test_kafka_leader_election_preferred_after_leaders_moved_away(cluster):
     # Unclean elections only concern partitions without a leader: there are none.
     unclean = tool(c, LEADER_ELECTION, "--election-type", "UNCLEAN", "--all-topic-partitions")
     assert elected(unclean.stdout, "UNCLEAN") == set()
+
+
+def test_kafka_reassign_partitions_with_log_dirs(cluster, tmp_path):
+    """A plan whose "log_dirs" name directories, not only "any": the tool sends AlterReplicaLogDirs to each broker
+    named with a directory. oncelog's brokers have one log directory each (the one DescribeLogDirs names), so the
+    move is to where the replica already is (NONE); a replica the reassignment is still bringing to a broker is
+    REPLICA_NOT_AVAILABLE there, which the tool retries until it is; --verify reports each replica's move done."""
+    c = cluster
+    topic = "tools-log-dirs"
+    create(c, topic, "--replica-assignment", "1:2,2:1")
+    values = {p: [b"%d-%d" % (p, i) for i in range(50)] for p in range(2)}
+    produce_values(c, topic, values)
+    dirs = {n: str(b.data_dir.resolve()) for n, b in c.brokers.items()}
+    out = tool(c, LOG_DIRS, "--describe", "--topic-list", topic).stdout
+    doc = json.loads(next(ln for ln in out.splitlines() if ln.startswith("{")))
+    assert {b["broker"]: [d["logDir"] for d in b["logDirs"]] for b in doc["brokers"]} == {n: [dirs[n]] for n in dirs}
+
+    # The answers at the wire, in cluster mode.
+    def alter(node: int, path: str, name: str = topic, part: int = 1) -> int:
+        req = AlterReplicaLogDirsRequest[2]
+        d = req.AlterReplicaLogDir
+        resp = request(c, node, req(dirs=[d(path=path, topics=[d.AlterReplicaLogDirTopic(name=name, partitions=[part])])]), 2)
+        ((result,),) = [r.partitions for r in resp.results]
+        return result.error_code
+
+    assert alter(2, dirs[2]) == 0
+    assert alter(2, dirs[3]) == 57  # LOG_DIR_NOT_FOUND: not broker 2's directory
+    assert alter(3, dirs[3]) == 9  # REPLICA_NOT_AVAILABLE: the partition has no replica on broker 3 (yet)
+    assert alter(3, dirs[3], f"{topic}-none", 0) == UNKNOWN_TOPIC
+
+    # Partition 0 stays where it is with broker 1's directory named; partition 1 moves from 2,1 to 2,3 and names
+    # broker 3's directory, where the replica appears only once the reassignment has created it.
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": topic, "partition": 0, "replicas": [1, 2], "log_dirs": [dirs[1], "any"]},
+        {"topic": topic, "partition": 1, "replicas": [2, 3], "log_dirs": ["any", dirs[3]]},
+    ]}))
+    executed = tool(c, REASSIGN, "--execute", "--reassignment-json-file", str(plan)).stdout
+    assert f"Successfully started partition reassignments for {topic}-0,{topic}-1" in executed
+    assert f"Successfully started moving log directory to {dirs[1]} for replica {topic}-0 with broker 1" in executed
+    assert f"Successfully started moving log directory to {dirs[3]} for replica {topic}-1 with broker 3" in executed
+    final = verify_until_complete(c, plan, [f"{topic}-0", f"{topic}-1"])
+    assert f"Reassignment of replica {topic}-0-1 completed successfully." in final
+    assert f"Reassignment of replica {topic}-1-3 completed successfully." in final
+    assert {p: r for p, (_, r, _) in as_described(c, topic).items()} == {0: [1, 2], 1: [2, 3]}
+    assert read_all(c, topic, [0, 1]) == values
+
+    # A directory that is not the broker's: the tool stops with Kafka's error (the partitions stay put).
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": topic, "partition": 0, "replicas": [1, 2], "log_dirs": [dirs[2], "any"]}]}))
+    refused = tool(c, REASSIGN, "--execute", "--reassignment-json-file", str(wrong), check=False)
+    assert not refused.ok and "LogDirNotFoundException" in refused.stdout + refused.stderr
+    assert {p: r for p, (_, r, _) in as_described(c, topic).items()} == {0: [1, 2], 1: [2, 3]}
+    wait_for(lambda: tool(c, REASSIGN, "--list").stdout.strip() == "No partition reassignments found.",
+             "no reassignment left", 30)
 
 
 # -- kafka-log-dirs -------------------------------------------------------------------------------------------

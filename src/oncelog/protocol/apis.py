@@ -39,6 +39,7 @@ class ApiKey(IntEnum):
     WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_CONFIGS = 32
+    ALTER_REPLICA_LOG_DIRS = 34
     DESCRIBE_LOG_DIRS = 35
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
@@ -95,6 +96,7 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.WRITE_TXN_MARKERS, 1, 1, 1),
         ApiSpec(ApiKey.TXN_OFFSET_COMMIT, 0, 4, 3),
         ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4, 4),
+        ApiSpec(ApiKey.ALTER_REPLICA_LOG_DIRS, 1, 2, 2),
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, 1, 4, 2),
         ApiSpec(ApiKey.CREATE_PARTITIONS, 0, 3, 2),
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2, 2),

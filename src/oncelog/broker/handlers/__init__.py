@@ -41,6 +41,7 @@ HANDLERS = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: configs.handle_incremental_alter_configs,
     ApiKey.DESCRIBE_CLUSTER: cluster.handle_describe_cluster,
     ApiKey.DESCRIBE_LOG_DIRS: cluster.handle_describe_log_dirs,
+    ApiKey.ALTER_REPLICA_LOG_DIRS: cluster.handle_alter_replica_log_dirs,
     ApiKey.INIT_PRODUCER_ID: producers.handle_init_producer_id,
     ApiKey.DESCRIBE_PRODUCERS: producers.handle_describe_producers,
     ApiKey.ADD_PARTITIONS_TO_TXN: transactions.handle_add_partitions,

@@ -1,8 +1,11 @@
-"""DescribeCluster and DescribeLogDirs.
+"""DescribeCluster, DescribeLogDirs and AlterReplicaLogDirs.
 
 DescribeCluster names every live broker and the controller (the single node: itself; cluster mode: from the
 metadata image). DescribeLogDirs lists the partitions with a replica in this broker's data directory (cluster mode:
-the replicas the image assigns here, followers included)."""
+the replicas the image assigns here, followers included). A broker has that one log directory, so
+AlterReplicaLogDirs has nothing to move: a replica asked into the directory it is already in is answered NONE (as
+Kafka answers a move to the current directory), which is what kafka-reassign-partitions sends for a plan whose
+"log_dirs" name real directories."""
 
 from __future__ import annotations
 
@@ -42,6 +45,12 @@ async def handle_describe_cluster(broker: BrokerServices, ctx: RequestContext, b
     return encode_response(ApiKey.DESCRIBE_CLUSTER, ctx.api_version, data)
 
 
+def log_dir_name(broker: BrokerServices) -> str:
+    """This broker's one log directory as clients see it: DescribeLogDirs names it and AlterReplicaLogDirs accepts
+    exactly it (kafka-reassign-partitions --verify compares the two as strings)."""
+    return str(broker.data_dir.resolve())
+
+
 async def handle_describe_log_dirs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_LOG_DIRS, ctx.api_version, body)
     wanted = None
@@ -58,9 +67,41 @@ async def handle_describe_log_dirs(broker: BrokerServices, ctx: RequestContext, 
         })
     usage = shutil.disk_usage(broker.data_dir)
     result = {
-        "error_code": 0, "log_dir": str(broker.data_dir.resolve()),
+        "error_code": 0, "log_dir": log_dir_name(broker),
         "topics": [{"name": name, "partitions": parts} for name, parts in sorted(by_topic.items())],
         "total_bytes": usage.total, "usable_bytes": usage.free,
     }
     data = {"throttle_time_ms": 0, "error_code": 0, "results": [result]}
     return encode_response(ApiKey.DESCRIBE_LOG_DIRS, ctx.api_version, data)
+
+
+async def handle_alter_replica_log_dirs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
+    """Kafka's answers, in Kafka's order of checks: LOG_DIR_NOT_FOUND for a path that is not this broker's log
+    directory; for this directory, NONE when the replica is here (already where it is asked to be),
+    REPLICA_NOT_AVAILABLE when the partition exists but has no replica on this broker (yet: the tool retries
+    that one while a reassignment brings the replica here), UNKNOWN_TOPIC_OR_PARTITION when there is no such
+    partition. A partition named under two paths is answered for the last, as Kafka keys the request by
+    partition."""
+    req = decode_request(ApiKey.ALTER_REPLICA_LOG_DIRS, ctx.api_version, body)
+    here = log_dir_name(broker)
+    wanted: dict[tuple[str, int], str] = {}
+    for entry in req.dirs:
+        for topic in entry.topics:
+            for index in topic.partitions:
+                wanted[(topic.name, index)] = entry.path
+    by_topic: dict[str, list[dict]] = {}
+    for (name, index), path in wanted.items():
+        if path != here:
+            error = ErrorCode.LOG_DIR_NOT_FOUND
+        else:
+            found = broker.partitions.replica(name, index)
+            if found == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                error = ErrorCode.REPLICA_NOT_AVAILABLE  # Kafka keeps this code for AlterReplicaLogDirs
+            elif isinstance(found, ErrorCode):
+                error = found
+            else:
+                error = ErrorCode.NONE
+        by_topic.setdefault(name, []).append({"partition_index": index, "error_code": error})
+    data = {"throttle_time_ms": 0,
+            "results": [{"topic_name": name, "partitions": parts} for name, parts in by_topic.items()]}
+    return encode_response(ApiKey.ALTER_REPLICA_LOG_DIRS, ctx.api_version, data)
