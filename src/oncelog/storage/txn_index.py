@@ -31,6 +31,12 @@ class AbortedTxn(NamedTuple):
     last_stable_offset: int
 
 
+def encode_entries(entries: list[AbortedTxn]) -> bytes:
+    """Entries in the `.txnindex` file format (the cleaner writes a cleaned segment's index with it)."""
+    return b"".join(_ENTRY.pack(0, e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
+                    for e in entries)
+
+
 class TxnIndex:
     def __init__(self, directory: str | os.PathLike, name: str) -> None:
         self.directory = Path(directory)
@@ -77,8 +83,7 @@ class TxnIndex:
         pending = self._unwritten.get(path)
         if not pending:
             return
-        data = b"".join(_ENTRY.pack(0, e.producer_id, e.first_offset, e.last_offset, e.last_stable_offset)
-                        for e in pending)
+        data = encode_entries(pending)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             size = os.fstat(fd).st_size

@@ -135,6 +135,23 @@ def add_to_map(offset_map: OffsetMap, batch: memoryview, header: BatchHeader, ab
     return True
 
 
+def control_type(batch: memoryview, header: BatchHeader) -> int | None:
+    """The control type of a control batch (ControlType), None for an empty one (a marker an earlier clean
+    emptied), -1 for a key this broker does not know (such a batch is kept as it is)."""
+    return _control_type(list(walk(records_section(batch, header), header.record_count)))
+
+
+def _control_type(records: list[RawRecord]) -> int | None:
+    if not records:
+        return None
+    if records[0].key is None:
+        return -1
+    try:
+        return parse_control_key(records[0].key)
+    except ControlRecordError:
+        return -1
+
+
 def filter_batch(batch: memoryview, rules: CleanRules, tracker: TransactionTracker) -> Filtered:
     """Apply the rules to one whole batch (`batch` holds exactly it). RawRecordError, CompressionError or
     ControlRecordError for a batch that does not parse: the caller marks the partition uncleanable."""
@@ -145,13 +162,7 @@ def filter_batch(batch: memoryview, rules: CleanRules, tracker: TransactionTrack
     horizon = header.base_timestamp if header.attributes & DELETE_HORIZON_MASK else None
     if header.is_control:
         records = list(walk(records_section(batch, header), count))
-        control_type = None
-        if records and records[0].key is not None:
-            try:
-                control_type = parse_control_key(records[0].key)
-            except ControlRecordError:
-                control_type = -1  # not a marker kind this broker writes: kept as it is
-        if not tracker.control_batch(header, control_type):
+        if not tracker.control_batch(header, _control_type(records)):
             return Filtered(batch, count, 0)
         if horizon is None and records:
             new_horizon = rules.now_ms + rules.delete_retention_ms

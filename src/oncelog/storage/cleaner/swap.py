@@ -1,0 +1,109 @@
+"""Putting cleaned segments in place of their sources so that a crash at any step leaves the old segments or the
+new ones, never a mix and never a lost record (Kafka's `.cleaned` -> `.swap` protocol, docs/log-cleaner.md §4).
+
+The steps, for one cleaned group whose sources cover the offsets [base, end):
+
+1. the worker wrote the group's files into the scratch directory and fsynced them (`segment_cleaner.run_round`);
+2. `stage`: each file is renamed into the partition directory as `<name>.swap`, the directory fsynced;
+3. `commit`: `<base>.swapend`, holding `end`, is written atomically: the commit point;
+4. the log deletes its old segments in [base, end) (renamed `.deleted`, unlinked after file.delete.delay.ms);
+5. `finish`: each `.swap` file is renamed to its final name, then `<base>.swapend` removed.
+
+`recover`, run when a partition is opened, before its segments are listed: the scratch directory goes; a group
+with a `.swapend` is committed, so its old files in [base, end) go (a final name at `base` is old only while its
+`.swap` twin still exists) and the renames of step 5 are done again; `.swap` files without a `.swapend` were never
+committed and go. Every step of `recover` may itself be cut by a crash and run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+from ..checkpoints import atomic_write, fsync_dir
+from ..segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_path
+from ..txn_index import SUFFIX as TXN_INDEX_SUFFIX
+from .segment_cleaner import SCRATCH_DIR, CleanedGroup
+
+log = logging.getLogger(__name__)
+
+SWAP_SUFFIX = ".swap"
+COMMIT_SUFFIX = ".swapend"
+# The log file last: a group whose .log is staged has every other file staged too.
+SEGMENT_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LOG_SUFFIX)
+
+
+def scratch_dir(directory: str) -> str:
+    return os.path.join(directory, SCRATCH_DIR)
+
+
+def stage(directory: str, group: CleanedGroup) -> None:
+    """Step 2: the group's scratch files renamed to `<name>.swap` in the partition directory, durably."""
+    scratch = scratch_dir(directory)
+    for suffix in SEGMENT_SUFFIXES:
+        source = segment_path(scratch, group.base_offset, suffix)
+        if os.path.exists(source):
+            os.replace(source, segment_path(directory, group.base_offset, suffix) + SWAP_SUFFIX)
+    fsync_dir(directory)
+
+
+def commit(directory: str, group: CleanedGroup) -> None:
+    """Step 3: from here the cleaned group replaces its sources, whatever happens next."""
+    atomic_write(_commit_path(directory, group.base_offset), str(group.next_offset).encode())
+    fsync_dir(directory)
+
+
+def finish(directory: str, base_offset: int) -> None:
+    """Step 5 (after the log removed its old segments in the group's range): the final names."""
+    for suffix in SEGMENT_SUFFIXES:
+        swapped = segment_path(directory, base_offset, suffix) + SWAP_SUFFIX
+        if os.path.exists(swapped):
+            os.replace(swapped, segment_path(directory, base_offset, suffix))
+    fsync_dir(directory)
+    os.unlink(_commit_path(directory, base_offset))
+    fsync_dir(directory)
+
+
+def discard_scratch(directory: str) -> None:
+    shutil.rmtree(scratch_dir(directory), ignore_errors=True)
+
+
+def recover(directory: str) -> int:
+    """Finish committed swaps and drop uncommitted ones (module docstring); the number finished."""
+    discard_scratch(directory)
+    names = os.listdir(directory)
+    committed: dict[int, int] = {}
+    for name in names:
+        if name.endswith(COMMIT_SUFFIX) and name[:20].isdigit():
+            try:
+                with open(os.path.join(directory, name), "rb") as f:
+                    committed[int(name[:20])] = int(f.read().decode())
+            except (OSError, ValueError) as exc:  # atomic_write makes this impossible short of a damaged disk
+                log.error("%s: unreadable %s (%s); its swap is not finished", directory, name, exc)
+    for name in names:
+        if name.endswith(COMMIT_SUFFIX + ".tmp"):
+            os.unlink(os.path.join(directory, name))  # a commit that atomic_write never finished
+        elif name.endswith(SWAP_SUFFIX) and name[:20].isdigit() and int(name[:20]) not in committed:
+            log.warning("%s: removing %s, a cleaned segment that was never committed", directory, name)
+            os.unlink(os.path.join(directory, name))
+    for base, end in sorted(committed.items()):
+        for name in names:
+            stem, dot, suffix = name.partition(".")
+            if len(stem) != 20 or not stem.isdigit() or "." + suffix not in SEGMENT_SUFFIXES:
+                continue
+            old_base = int(stem)
+            if not base <= old_base < end:
+                continue
+            path = os.path.join(directory, name)
+            if old_base == base and not os.path.exists(path + SWAP_SUFFIX):
+                continue  # already the cleaned file (step 5 ran for it before the crash)
+            os.unlink(path)
+        fsync_dir(directory)
+        finish(directory, base)
+        log.info("%s: finished the swap of the cleaned segment %d (offsets up to %d)", directory, base, end)
+    return len(committed)
+
+
+def _commit_path(directory: str, base_offset: int) -> str:
+    return os.path.join(directory, f"{base_offset:020d}{COMMIT_SUFFIX}")

@@ -1,0 +1,181 @@
+"""A round of cleaning on a real partition directory (storage/cleaner/segment_cleaner.py) and the crash-safe swap
+(swap.py): after a clean the log holds the latest record of every key at its offset; a crash at any step of the
+swap recovers to the old segments or to the new ones, never a mix, and the log opens with a full recovery."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from oncelog.config import load_broker_config
+from oncelog.records.batch import read_header
+from oncelog.records.builder import build_batch
+from oncelog.records.reader import read_batches
+from oncelog.storage.cleaner import swap
+from oncelog.storage.cleaner.segment_cleaner import (
+    SCRATCH_DIR,
+    CorruptSegment,
+    RoundRequest,
+    SourceSegment,
+    group_by_size,
+    run_round,
+)
+from oncelog.storage.partition_log import PartitionLog
+
+NOW = 1_700_000_000_000
+KEYS = 5
+ROUNDS = 6  # each key written ROUNDS times, one batch per write
+
+
+def open_log(directory, clean: bool = True) -> PartitionLog:
+    config = load_broker_config().topic_config({"segment.bytes": 400, "cleanup.policy": ["compact"]})
+    return PartitionLog.open(directory, "t", 0, config, clean=clean, recovery_point=0, now_ms=lambda: NOW)
+
+
+def fill(plog: PartitionLog) -> dict[bytes, tuple[int, bytes]]:
+    """KEYS keys written ROUNDS times each; {key: (offset, value) of its latest write}."""
+    latest = {}
+    for r in range(ROUNDS):
+        for k in range(KEYS):
+            key, value = b"key-%d" % k, b"value-%d-%d" % (k, r)
+            buf = build_batch([(key, value, (), NOW - 1000 + r)])
+            offset = plog.append(buf, read_header(buf))
+            latest[key] = (offset, value)
+    return latest
+
+
+def request(plog: PartitionLog, segment_bytes: int = 1 << 20) -> RoundRequest:
+    closed = plog.segments[:-1]
+    return RoundRequest(
+        directory=plog.directory, segments=tuple(SourceSegment(s.base_offset, s.next_offset, s.size) for s in closed),
+        first_dirty=0, first_uncleanable=plog.segments[-1].base_offset, dedupe_buffer_bytes=1 << 20, now_ms=NOW,
+        delete_retention_ms=86_400_000, last_batch_of_producer={}, aborted=(), segment_bytes=segment_bytes,
+        max_index_bytes=10 << 20, index_interval_bytes=4096)
+
+
+def records(plog: PartitionLog) -> list[tuple[int, bytes | None, bytes | None]]:
+    out = []
+    for seg in plog.segments:
+        for b in read_batches(os.pread(seg.fd, seg.size, 0)):
+            out += [(r.offset, r.key, r.value) for r in b.records]
+    return out
+
+
+def expected(before, active_base):
+    """What a clean below `active_base` leaves: there, the newest record of each key below it (the map covers
+    only the cleanable range, as Kafka's); from it on, everything."""
+    newest = {}
+    for offset, key, _value in before:
+        if offset < active_base:
+            newest[key] = offset
+    return [r for r in before if r[0] >= active_base or newest[r[1]] == r[0]]
+
+
+def swap_in(plog_dir: str, groups, *, stop_after: str | None = None) -> None:
+    """The loop side of a swap on files (the log object is closed), stopping after step `stop_after`."""
+    for group in groups:
+        swap.stage(plog_dir, group)
+        if stop_after == "stage":
+            return
+        swap.commit(plog_dir, group)
+        if stop_after == "commit":
+            return
+        for base in group.source_bases:
+            for suffix in (".log", ".index", ".timeindex", ".txnindex"):
+                path = os.path.join(plog_dir, f"{base:020d}{suffix}")
+                if os.path.exists(path):
+                    os.unlink(path)
+            if stop_after == "delete-one":
+                return
+        swap.finish(plog_dir, group.base_offset)
+
+
+@pytest.fixture
+def cleaned(tmp_path):
+    plog = open_log(tmp_path / "t-0")
+    latest = fill(plog)
+    before = records(plog)
+    active_base = plog.segments[-1].base_offset
+    result = run_round(request(plog))
+    directory = plog.directory
+    plog.close()
+    return directory, before, latest, active_base, result
+
+
+def test_a_round_keeps_the_latest_record_of_every_key_at_its_offset(cleaned):
+    directory, before, latest, active_base, result = cleaned
+    assert result.end_offset == active_base and len(result.groups) == 1  # small segments grouped into one
+    assert result.records_removed > 0
+    swap_in(directory, result.groups)
+    plog = open_log(directory, clean=False)
+    try:
+        after = records(plog)
+    finally:
+        plog.close()
+    expect = expected(before, active_base)
+    assert after == expect
+    for key, (offset, value) in latest.items():
+        assert (offset, key, value) in after
+    assert not os.path.exists(os.path.join(directory, SCRATCH_DIR)) or not os.listdir(
+        os.path.join(directory, SCRATCH_DIR))
+
+
+@pytest.mark.parametrize("stop_after,new", [(None, None), ("stage", False), ("commit", True),
+                                            ("delete-one", True)])
+def test_a_crash_at_each_step_of_the_swap_recovers_old_or_new(cleaned, stop_after, new):
+    directory, before, latest, active_base, result = cleaned
+    expect_new = expected(before, active_base)
+    if stop_after is None:  # a crash before any swap step: only scratch files exist
+        pass
+    else:
+        swap_in(directory, result.groups, stop_after=stop_after)
+    swap.recover(directory)
+    assert not os.path.exists(os.path.join(directory, SCRATCH_DIR))
+    assert not [n for n in os.listdir(directory) if n.endswith((".swap", ".swapend"))]
+    plog = open_log(directory, clean=False)
+    try:
+        assert records(plog) == (expect_new if new else before)
+    finally:
+        plog.close()
+
+
+def test_recover_is_idempotent_after_a_partial_finish(cleaned):
+    directory, before, latest, active_base, result = cleaned
+    swap_in(directory, result.groups, stop_after="commit")
+    group = result.groups[0]
+    for base in group.source_bases:
+        for suffix in (".log", ".index", ".timeindex"):
+            path = os.path.join(directory, f"{base:020d}{suffix}")
+            if os.path.exists(path):
+                os.unlink(path)
+    # Step 5 cut after the .index rename: the final .index is the new one, the .log still a .swap.
+    os.replace(os.path.join(directory, f"{group.base_offset:020d}.index.swap"),
+               os.path.join(directory, f"{group.base_offset:020d}.index"))
+    swap.recover(directory)
+    swap.recover(directory)
+    plog = open_log(directory, clean=False)
+    try:
+        assert records(plog) == expected(before, active_base)
+    finally:
+        plog.close()
+
+
+def test_a_damaged_batch_makes_the_round_fail_with_a_clear_error(tmp_path):
+    plog = open_log(tmp_path / "t-0")
+    fill(plog)
+    req = request(plog)
+    first = plog.segments[0]
+    path = os.path.join(plog.directory, f"{first.base_offset:020d}.log")
+    plog.close()
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 0xFF
+    open(path, "wb").write(data)
+    with pytest.raises(CorruptSegment, match="fails its CRC"):
+        run_round(req)
+
+
+def test_groups_stay_under_segment_bytes():
+    segs = [SourceSegment(i * 10, i * 10 + 10, 300) for i in range(7)]
+    groups = group_by_size(segs, 1000, 10 << 20)
+    assert [[s.base_offset for s in g] for g in groups] == [[0, 10, 20], [30, 40, 50], [60]]
