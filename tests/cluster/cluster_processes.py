@@ -18,7 +18,10 @@ from tests.support.wire import Wire
 SESSION_MS = 6000                      # comfortably above a loaded two-core machine's pauses
 SETTINGS = {
     "oncelog.coordination.session.timeout.ms": SESSION_MS,
-    "leader.imbalance.check.interval.seconds": 3600,   # no background rebalance moving leaders under a test
+    # no leader balance moving leaderships under a test (neither the periodic check nor the one a few seconds
+    # after a broker restarts); tests/cluster/test_leader_balance.py turns it on
+    "auto.leader.rebalance.enable": False,
+    "leader.imbalance.check.interval.seconds": 3600,
 }
 START_S = 120.0
 

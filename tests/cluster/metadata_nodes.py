@@ -57,8 +57,10 @@ async def until(condition: Callable[[], bool], what: str, timeout: float | None 
 
 def broker_config(connect: str, *settings: str) -> BrokerConfig:
     # The crash probe off: these nodes register addresses nobody listens on, which the probe would take for dead
-    # processes (tests/cluster/test_crash_probe.py tests it with broker processes).
+    # processes (tests/cluster/test_crash_probe.py tests it with broker processes). No leader balance: a check
+    # follows every node's (re)registration and would move leaderships under a test (tests that want it turn it on).
     return load_broker_config(overrides=[f"oncelog.coordination.connect={connect}",
+                                         "auto.leader.rebalance.enable=false",
                                          "leader.imbalance.check.interval.seconds=3600",
                                          "oncelog.controller.broker.probe.interval.ms=0", *settings])
 

@@ -12,6 +12,11 @@ writes the difference, so a missed event, a failover between two events or a res
 same way. Work runs one job at a time on one asyncio task, as on Kafka's controller event thread: admin requests
 and reconciliations never interleave their decisions.
 
+Leader balance: every leader.imbalance.check.interval.seconds, a few seconds after this controller takes the seat
+(as Kafka's) and a few seconds after a broker registers or restarts (not in Kafka's ZooKeeper controller, see
+_rebalance_loop), leaderships go back to preferred replicas by leader_balance.py's rule, through the same
+compare-and-set as ElectLeaders.
+
 Not decided here: ISR additions (the leader makes them, §4.5). An ISR change that completes a reassignment is
 seen by watch and finishes it here.
 
@@ -42,6 +47,7 @@ from .elections import (
     start_reassignment,
     unclean_election,
 )
+from .leader_balance import RebalancePlan, plan_rebalance
 from .metadata_image import NO_CONTROLLER, ImageDelta, MetadataImage, PartitionAssignment, PartitionState
 from .metadata_store import (
     MetadataStore,
@@ -62,6 +68,12 @@ WRITE_CONCURRENCY = 64     # partition writes in flight at once (each one ZooKee
 SETTLE_BATCH = 500         # partition states per multi-op when the controller settles many at once (~80 KB)
 PROBE_INTERVAL_KEY = "oncelog.controller.broker.probe.interval.ms"
 STOP_TIMEOUT_S = 10.0      # for the controller's own tasks to end once cancelled
+# Leader balance outside the periodic check (see _rebalance_loop): the first check this long after a broker
+# registers or restarts, or after this controller takes the seat (Kafka's ZooKeeper controller waits 5 s after a
+# failover), and again as often while a returning broker's preferred partitions wait for it to rejoin their ISR,
+# for at most REBALANCE_FOLLOW_UP_S after the last registration; later the periodic check takes over.
+REBALANCE_AFTER_REGISTRATION_S = 5.0
+REBALANCE_FOLLOW_UP_S = 60.0
 
 T = TypeVar("T")
 TopicPartition = tuple[str, int]
@@ -134,6 +146,9 @@ class Controller:
         self._reconcile_queued = False
         self._election_queued = False
         self._stopped = False
+        self._early_rebalance_at: float | None = None   # loop time of the next check outside the periodic one
+        self._last_registration: float | None = None    # loop time a broker last registered or restarted
+        self._rebalance_wake = asyncio.Event()
 
     # ---- lifecycle -------------------------------------------------------------------------------------------
 
@@ -300,6 +315,10 @@ class Controller:
         self._known_epochs = {n: b.epoch for n, b in self.image.brokers.items()}
         self._shutting_down = {n: e for n, e in self._shutting_down.items() if self.image.broker_epoch(n) == e}
         self._reconcile_all = True
+        # Brokers may have registered while nobody was controller (a whole cluster starting): treat the seat as a
+        # registration, so the follow-up checks wait for them as well.
+        self._last_registration = asyncio.get_running_loop().time()
+        self._schedule_rebalance_check()
         await self._reconcile()
         try:
             abandoned = await self._fenced(self.store.abandon_creations(self.epoch))
@@ -320,6 +339,9 @@ class Controller:
             current = {n: b.epoch for n, b in self.image.brokers.items()}
             bounced = {n for n, e in current.items() if self._known_epochs.get(n, e) != e}
             gone = set(self._known_epochs) - set(current)
+            if bounced or set(current) - set(self._known_epochs):     # a broker (re)registered
+                self._last_registration = asyncio.get_running_loop().time()
+                self._schedule_rebalance_check()
             for n in gone | bounced:
                 self._shutting_down.pop(n, None)
             if gone or bounced:
@@ -607,39 +629,80 @@ class Controller:
         await self._cas(key, decide)
         return PartitionResult(outcome[0], _election_message(outcome[0], topic, p, election_type))
 
-    async def rebalance_leaders(self) -> list[TopicPartition]:
-        """Kafka's auto leader rebalance: for each broker whose share of preferred leaderships led elsewhere is
-        above leader.imbalance.per.broker.percentage, elect the preferred leader where it is alive and in sync.
-        Returns the partitions moved."""
-        async def job() -> list[TopicPartition]:
-            threshold = float(self._config("leader.imbalance.per.broker.percentage", 10))
-            by_preferred: dict[int, list[TopicPartition]] = {}
-            for t, p, a, s in self.image.all_partitions():
-                if s is not None and a.replicas and not a.reassigning:
-                    by_preferred.setdefault(a.replicas[0], []).append((t, p))
-            moved: list[TopicPartition] = []
-            for broker, keys in sorted(by_preferred.items()):
-                if broker not in self.image.brokers or broker in self._shutting_down:
-                    continue
-                elsewhere = [k for k in keys if self.image.states[k].leader != broker]
-                if not elsewhere or 100.0 * len(elsewhere) / len(keys) <= threshold:
-                    continue
-                results = await self._for_each(elsewhere, lambda k: self._elect_one(k, ElectionType.PREFERRED))
-                moved += [k for k, r in zip(elsewhere, results, strict=True) if r and r.code == ErrorCode.NONE]
-            if moved:
-                log.info("leader rebalance moved %d leadership(s) back to preferred replicas", len(moved))
-            return moved
+    async def rebalance_leaders(self) -> RebalancePlan:
+        """One leader-balance check (Kafka's auto leader rebalance, rule in leader_balance.py): for every broker
+        whose share of preferred leaderships led elsewhere is above leader.imbalance.per.broker.percentage, elect
+        the preferred replica wherever it is alive, not shutting down and in the ISR. Each election is the
+        ElectLeaders PREFERRED compare-and-set under this controller's epoch, decided again from the newest state,
+        so a partition that changed since the plan is left as it now is. Returns the plan (an empty one when this
+        broker is not the controller)."""
+        async def job() -> RebalancePlan:
+            self._require_active()
+            percentage = int(self._config("leader.imbalance.per.broker.percentage", 10))
+            plan = plan_rebalance((((t, p), a, s) for t, p, a, s in self.image.all_partitions()),
+                                  set(self.image.brokers), set(self._shutting_down), percentage)
+            if not plan.elect:
+                return plan
+            for b, group in plan.brokers.items():
+                if group.elsewhere and group.above(percentage):
+                    log.info("leader balance: broker %d leads %d of the %d partition(s) it is preferred for "
+                             "(%.0f%% elsewhere > %d%%)", b, group.preferred - len(group.elsewhere), group.preferred,
+                             group.percentage, percentage)
+            results = await self._for_each(plan.elect, lambda k: self._elect_one(k, ElectionType.PREFERRED))
+            moved = [k for k, r in zip(plan.elect, results, strict=True) if r and r.code == ErrorCode.NONE]
+            log.info("leader balance moved %d of %d leadership(s) back to preferred replicas%s", len(moved),
+                     len(plan.elect), f"; {len(plan.waiting)} wait for their preferred replica to rejoin the ISR"
+                     if plan.waiting else "")
+            return plan
 
-        return await self._answer(job, [])
+        return await self._answer(job, RebalancePlan())
+
+    def _schedule_rebalance_check(self) -> None:
+        """A leader-balance check REBALANCE_AFTER_REGISTRATION_S from now, unless one is due sooner."""
+        at = asyncio.get_running_loop().time() + REBALANCE_AFTER_REGISTRATION_S
+        if self._early_rebalance_at is None or at < self._early_rebalance_at:
+            self._early_rebalance_at = at
+            self._rebalance_wake.set()
 
     async def _rebalance_loop(self) -> None:
+        """Runs on every broker and checks only while this one is the active controller and
+        auto.leader.rebalance.enable is true (read at each check, as is the interval).
+
+        Kafka's ZooKeeper controller checks 5 s after it takes the seat and then every
+        leader.imbalance.check.interval.seconds (300), and never because a broker started: a broker restarted in a
+        rolling restart, or a whole development cluster started again, leads nothing for up to five minutes. Here
+        a check also comes REBALANCE_AFTER_REGISTRATION_S after a broker registers or restarts, and again as often
+        while a broker above the threshold still waits for its returning preferred replica to rejoin an ISR
+        (catching up takes a fetch or more), for at most REBALANCE_FOLLOW_UP_S after the last registration. This
+        deviation is deliberate (docs/cluster.md §5.2); KRaft's controller (up to 4.0) also ties its check to an event
+        rather than to a fixed clock: one interval after a partition first loses its preferred leader."""
+        loop = asyncio.get_running_loop()
+        next_periodic = loop.time() + float(self._config("leader.imbalance.check.interval.seconds", 300))
         while not self._stopped:
-            await asyncio.sleep(float(self._config("leader.imbalance.check.interval.seconds", 300)))
-            if self.is_active and self._config("auto.leader.rebalance.enable", True):
-                try:
-                    await self.rebalance_leaders()
-                except Exception:
-                    log.exception("leader rebalance failed")
+            early = self._early_rebalance_at
+            due = next_periodic if early is None else min(next_periodic, early)
+            self._rebalance_wake.clear()
+            try:
+                async with asyncio.timeout(max(due - loop.time(), 0.0)):
+                    await self._rebalance_wake.wait()
+                continue                                  # a sooner check was scheduled: wait again
+            except TimeoutError:
+                pass
+            now = loop.time()
+            if now >= next_periodic:
+                next_periodic = now + float(self._config("leader.imbalance.check.interval.seconds", 300))
+            if early is not None and now >= early:
+                self._early_rebalance_at = None
+            if not self.is_active or not self._config("auto.leader.rebalance.enable", True):
+                continue
+            try:
+                plan = await self.rebalance_leaders()
+            except Exception:
+                log.exception("leader balance check failed")
+                continue
+            since = None if self._last_registration is None else loop.time() - self._last_registration
+            if plan.waiting and since is not None and since < REBALANCE_FOLLOW_UP_S:
+                self._schedule_rebalance_check()
 
     async def controlled_shutdown(self, node_id: int, broker_epoch: int) -> ShutdownResult:
         """ControlledShutdown: move the broker's leaderships to other in-sync replicas, take it out of the ISRs
