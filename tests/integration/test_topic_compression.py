@@ -194,3 +194,35 @@ def test_batch_that_grows_past_max_message_bytes_is_refused(module_broker, topic
         assert part.error_code == MESSAGE_TOO_LARGE
         assert "once stored as uncompressed (compression.type), above max.message.bytes (2000)" in part.error_message
     assert stored(bs, topic_name) == []
+
+
+@pytest.mark.parametrize(("codec", "key", "level"), [("zstd", "compression.zstd.level", 19),
+                                                     ("lz4", "compression.lz4.level", 12)])
+def test_zstd_and_lz4_levels(module_broker, topic_name, codec, key, level):
+    """The topic's level is the one the batch is compressed at (lz4: Kafka's default 9 is lz4's fast mode,
+    other levels its high-compression mode)."""
+    import cramjam
+
+    bs = module_broker.bootstrap
+    create_topic(bs, topic_name, config={"compression.type": codec})
+    create_topic(bs, topic_name + "-level", config={"compression.type": codec, key: str(level)})
+    text = b" ".join(b"line %d: the broker recompresses what the producer sent uncompressed" % i for i in range(300))
+    records = [(None, text, (), int(time.time() * 1000))]
+    body = bytes(build_batch(records))[HEADER_SIZE:]
+
+    def expected(lvl: int | None) -> bytes:
+        if codec == "zstd":
+            return bytes(cramjam.zstd.compress(body, level=3 if lvl is None else lvl))
+        c = cramjam.lz4.Compressor(lvl, content_checksum=False, block_linked=False)
+        c.compress(body)
+        return bytes(c.finish())
+
+    with Wire(bs) as w:
+        for name in (topic_name, topic_name + "-level"):
+            assert produce_raw(w, name, 0, build_batch(records)).error_code == NONE
+    ((_, default_raw, default_records),) = stored(bs, topic_name)
+    ((_, level_raw, level_records),) = stored(bs, topic_name + "-level")
+    assert default_records == level_records == [(0, records[0][3], None, text, ())]
+    assert default_raw[HEADER_SIZE:] == expected(None)
+    assert level_raw[HEADER_SIZE:] == expected(level)
+    assert default_raw[HEADER_SIZE:] != level_raw[HEADER_SIZE:]
