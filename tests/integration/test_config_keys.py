@@ -234,3 +234,22 @@ def test_group_keys_on_the_wire(broker_factory, topic_name):
         "default": (E.MEMBER_ID_REQUIRED, E.NONE, E.INVALID_SESSION_TIMEOUT),
         "tuned": (E.GROUP_MAX_SIZE_REACHED, E.OFFSET_METADATA_TOO_LARGE, E.MEMBER_ID_REQUIRED),
     }
+
+
+@pytest.mark.slow
+def test_offsets_retention_minutes_and_check_interval(broker_factory, topic_name):
+    """A standalone group's committed offset is gone a minute after its commit when expiry runs every 500 ms;
+    with the default check interval (10 minutes) the same minute-old offset is still there."""
+    from tests.integration.test_groups_wire import commit, fetch
+
+    base = {"offsets.topic.num.partitions": 1, "offsets.retention.minutes": 1}
+    checked = broker_factory({**base, "offsets.retention.check.interval.ms": 500}, name="checked")
+    unchecked = broker_factory(base, name="unchecked")
+    for broker in (checked, unchecked):
+        create_topic(broker.bootstrap, topic_name)
+        with Wire(broker.bootstrap) as w:
+            assert commit(w, "standalone", -1, "", topic_name, {0: 5}) == {0: NONE}
+    time.sleep(62)
+    with Wire(checked.bootstrap) as a, Wire(unchecked.bootstrap) as b:
+        assert fetch(a, "standalone", topic_name, [0]) == {0: (-1, NONE)}
+        assert fetch(b, "standalone", topic_name, [0]) == {0: (5, NONE)}
