@@ -23,11 +23,19 @@ from typing import Any
 
 
 class BrokerProcess:
+    """One `oncelog serve` child. With `own_group` it runs in a process group (and session) of its own and dies
+    with the thread that launched it when that is the main thread (see coordination_service.orphan_guard): a
+    Ctrl-C at the terminal then reaches only the parent, which stops its brokers one at a time (`oncelog
+    cluster start`), instead of every broker at once."""
+
     def __init__(self, data_dir: str | Path, settings: dict[str, object] | None = None,
-                 metrics: bool = False) -> None:
-        self.data_dir = Path(data_dir)
+                 metrics: bool = False, own_group: bool = False) -> None:
+        # Absolute: it is handed to a child process and printed, and must mean the same directory to both
+        # whatever the working directory of either.
+        self.data_dir = Path(os.path.abspath(data_dir))
         self.settings = dict(settings or {})
         self.metrics = metrics
+        self.own_group = own_group
         self.port = 0
         self.metrics_port = 0
         self.proc: subprocess.Popen | None = None
@@ -44,7 +52,10 @@ class BrokerProcess:
     def launch(self) -> None:
         """Start the process without waiting for it to listen (`wait_ready` does): brokers of a cluster start
         side by side."""
-        args = [sys.executable, "-m", "oncelog", "serve", "--data-dir", str(self.data_dir),
+        from .cluster.coordination_service import orphan_guard
+
+        guard = orphan_guard() if self.own_group else []
+        args = [*guard, sys.executable, "-m", "oncelog", "serve", "--data-dir", str(self.data_dir),
                 "--listen", f"127.0.0.1:{self.port}"]
         for key, value in self.settings.items():
             args += ["--set", f"{key}={value}"]
@@ -52,7 +63,8 @@ class BrokerProcess:
             args += ["--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its lifetime
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True)
+        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True,
+                                     start_new_session=self.own_group)
         log_file.close()
 
     def wait_ready(self, timeout: float = 30.0) -> BrokerProcess:
@@ -108,6 +120,19 @@ class BrokerProcess:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
+
+    def reap(self) -> int | None:
+        """After the process exited on its own: its exit status (negative: the signal that ended it), and the
+        handle released so `start` may run it again. None when there was no process."""
+        if self.proc is None:
+            return None
+        code = self.proc.wait()
+        self._close()
+        return code
+
     def _close(self) -> None:
         if self.proc is not None and self.proc.stdout is not None:
             self.proc.stdout.close()
@@ -130,15 +155,16 @@ class ClusterProcess:
     ports across restarts; `bootstrap` lists them all. With `connect` (a running coordination service's connect
     string, chroot included) no coordination service of its own is started or stopped. A broker whose
     `broker_settings` name its own `oncelog.coordination.connect` keeps it (a test relays one through a proxy).
+    `own_process_groups`: each broker in a process group of its own (BrokerProcess `own_group`).
     """
 
     def __init__(self, directory: str | Path, n: int = 3, settings: Mapping[str, object] | None = None, *,
                  broker_settings: Mapping[int, Mapping[str, object]] | None = None,
                  chroot: str | None = None, coordination_port: int = 0, broker_ports: Iterable[int] = (),
-                 connect: str | None = None) -> None:
+                 connect: str | None = None, own_process_groups: bool = False) -> None:
         from .cluster.coordination_service import CoordinationService
 
-        self.directory = Path(directory)
+        self.directory = Path(os.path.abspath(directory))
         self.n = n
         self.settings = dict(settings or {})
         self.chroot = chroot or f"/oncelog-{uuid.uuid4().hex[:8]}"
@@ -149,7 +175,7 @@ class ClusterProcess:
         self.brokers: dict[int, BrokerProcess] = {}
         for node_id in range(1, n + 1):
             merged = {**self.settings, **dict((broker_settings or {}).get(node_id, {})), "node.id": node_id}
-            broker = BrokerProcess(self.directory / f"broker-{node_id}", merged)
+            broker = BrokerProcess(self.directory / f"broker-{node_id}", merged, own_group=own_process_groups)
             if node_id <= len(ports):
                 broker.port = ports[node_id - 1]
             self.brokers[node_id] = broker
@@ -212,16 +238,30 @@ class ClusterProcess:
         broker.stop(timeout) if clean else broker.kill()
         return self.start_broker(node_id, timeout + self.session_timeout_ms / 1000)
 
-    def stop(self, timeout: float = 60.0) -> None:
-        """SIGTERM every broker at once (each does its controlled shutdown), then the coordination service."""
-        for broker in self.brokers.values():
-            if broker.alive() and broker.proc is not None:
-                broker.proc.send_signal(signal.SIGTERM)
-        for broker in self.brokers.values():
-            if broker.alive():
-                broker.stop(timeout)
+    def stop(self, timeout: float = 60.0, order: list[int] | None = None) -> None:
+        """Stop the brokers one at a time in `order` (default `stop_order()`), each SIGTERMed and waited for (its controlled shutdown
+        moves its leaderships to brokers still running), then the coordination service.
+
+        Not all at once: brokers stopping together move leaderships onto each other, and one whose controller
+        stops under it waits for a controller that never comes (up to its stop timeout). One at a time, every
+        leadership moves once per stop and the controller, stopped last, answers its own request."""
+        for node_id in self.stop_order() if order is None else order:
+            if self.brokers[node_id].alive():
+                self.brokers[node_id].stop(timeout)
         if self.coordination is not None:
             self.coordination.stop()
+
+    def stop_order(self) -> list[int]:
+        """The brokers to stop, in order: by node id, the active controller last (when a live broker names one)."""
+        alive = self.alive()
+        controller = None
+        for node_id in alive:
+            try:
+                controller = self.metadata(node_id, [], timeout=2.0).controller_id
+                break
+            except Exception:  # noqa: BLE001 - a broker starting or stuck: ask the next one
+                continue
+        return sorted(self.brokers, key=lambda n: (n == controller, n))
 
     def kill_all(self) -> None:
         for broker in self.brokers.values():

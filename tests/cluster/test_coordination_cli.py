@@ -29,11 +29,16 @@ def _sigint_default() -> None:
 class Command:
     """`python -m oncelog coordination start ...` in the background, its stdout lines in a queue."""
 
-    def __init__(self, data_dir: Path, listen: str = "127.0.0.1:0", env: dict[str, str] | None = None) -> None:
+    def __init__(self, data_dir: Path, listen: str = "127.0.0.1:0", env: dict[str, str] | None = None,
+                 cwd: Path | None = None, sigint: signal.Handlers = signal.SIG_DFL) -> None:
+        def inherited() -> None:
+            signal.signal(signal.SIGINT, sigint)
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "oncelog", "coordination", "start", "--data-dir", str(data_dir),
              "--listen", listen, "--start-timeout", str(START_TIMEOUT_S)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_sigint_default)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=cwd,
+            preexec_fn=_sigint_default if sigint == signal.SIG_DFL else inherited)
         self.lines: queue.Queue[str | None] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -125,6 +130,32 @@ def test_ready_line_serves_znodes_and_a_signal_stops_the_jvm(command, kazoo_clie
     assert rest == [], "the ready line is the only line on stdout"
     assert _gone(jvm), f"ZooKeeper JVM {jvm} outlived the command"
     assert {p.name for p in (tmp_path / "zk").iterdir()} >= {"zoo.cfg", "zookeeper.log", "version-2"}
+
+
+def test_a_relative_data_dir_is_the_working_directorys(command, kazoo_client, tmp_path):
+    """The JVM runs in its data directory: a relative --data-dir handed on as given named nothing there
+    ("zoo.cfg file is missing", exit code 2)."""
+    cmd = command(Path("zk"), cwd=tmp_path)
+    kazoo_client(cmd.ready_url()).create("/relative", b"here")
+    cmd.proc.send_signal(signal.SIGTERM)
+    code, rest, err = cmd.finish()
+    assert code == 0, err
+    assert {p.name for p in (tmp_path / "zk").iterdir()} >= {"zoo.cfg", "zookeeper.log", "version-2"}
+
+
+def test_sigint_stops_it_when_started_with_sigint_ignored(command, tmp_path):
+    """`oncelog coordination start &` from a script inherits SIGINT ignored; `kill -INT` still stops it, as it
+    stops `oncelog serve`."""
+    cmd = command(tmp_path / "zk", sigint=signal.SIG_IGN)
+    cmd.ready_url()
+    jvm = cmd.jvm_pid()
+    cmd.proc.send_signal(signal.SIGINT)
+    try:
+        code, rest, err = cmd.finish()
+    except subprocess.TimeoutExpired:
+        pytest.fail("SIGINT ignored: still running")
+    assert code == 0, err
+    assert _gone(jvm)
 
 
 def test_data_dir_keeps_znodes_across_commands(command, kazoo_client, tmp_path):

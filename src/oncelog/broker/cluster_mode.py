@@ -82,6 +82,10 @@ def _names(partitions: list[Any], limit: int = 10) -> str:
     return shown + (f" and {len(partitions) - limit} more" if len(partitions) > limit else "")
 
 
+class _Alone(Exception):
+    """No other broker is registered any more (controlled_shutdown)."""
+
+
 class ClusterStartError(RuntimeError):
     """The broker cannot join the cluster (coordination service unreachable, node.id taken, foreign data)."""
 
@@ -248,7 +252,13 @@ class ClusterMode:
     async def controlled_shutdown(self) -> None:
         """Ask the controller to move this broker's leaderships to other in-sync replicas, and wait until the
         image shows them moved (clients then see a leader change). Retried controlled.shutdown.max.retries
-        times; the broker stops anyway afterwards (its session's end moves what is left)."""
+        times; the broker stops anyway afterwards (its session's end moves what is left).
+
+        A broker left alone (no other broker registered: the last one of a cluster stopping) stops at once, and
+        so does one that becomes alone while it waits for a controller or for a retry: nobody could take a
+        leadership, and no other broker waits on it as a follower, so a retry would only wait
+        (controlled.shutdown.retry.backoff.ms, and up to twice the session timeout per attempt for a controller
+        that no longer exists)."""
         if (not self.config["controlled.shutdown.enable"] or self.store is None or self.broker_epoch < 0
                 or self.store.state != CONNECTED):
             return
@@ -258,11 +268,17 @@ class ClusterMode:
         timeout = self.config["oncelog.coordination.session.timeout.ms"] / 1000 * 2
         started = loop.time()
         for attempt in range(1, attempts + 1):
+            if self._alone():
+                log.info("controlled shutdown: no other broker is registered; nothing to move")
+                return
             deadline = loop.time() + timeout
             try:
-                code, remaining = await self._ask_controlled_shutdown(deadline)
+                code, remaining = await self._unless_alone(self._ask_controlled_shutdown(deadline), deadline)
             except (ControllerUnavailable, StoreUnavailable) as exc:
                 code, remaining = ErrorCode.REQUEST_TIMED_OUT, [f"({exc})"]
+            except _Alone:
+                log.info("controlled shutdown: every other broker left while this one waited; nothing to move")
+                return
             if code == ErrorCode.NONE:
                 kept = {tuple(k) for k in remaining if isinstance(k, (tuple, list))}
                 await self._wait(lambda kept=kept: not any(s.leader == self.node_id and k not in kept
@@ -278,10 +294,32 @@ class ClusterMode:
             log.warning("controlled shutdown attempt %d/%d: %s, still leading %s", attempt, attempts,
                         code.name, _names(remaining))
             if attempt < attempts:
-                await asyncio.sleep(backoff)
+                try:
+                    await self._unless_alone(asyncio.sleep(backoff), loop.time() + backoff)
+                except _Alone:
+                    log.info("controlled shutdown: every other broker left; nothing to move")
+                    return
             if self.store.state != CONNECTED:
                 break
         log.warning("controlled shutdown incomplete; stopping anyway (the session's end moves what is left)")
+
+    def _alone(self) -> bool:
+        return not any(node_id != self.node_id for node_id in self.image.brokers)
+
+    async def _unless_alone(self, work: Awaitable[Any], deadline: float) -> Any:
+        """`work`'s result, or _Alone (the work cancelled) as soon as the image shows no other broker."""
+        task = asyncio.ensure_future(work)
+        alone = asyncio.ensure_future(self._wait(self._alone, deadline))
+        try:
+            done, _ = await asyncio.wait({task, alone}, return_when=asyncio.FIRST_COMPLETED)
+            if task not in done and alone.result():
+                raise _Alone
+            return await task
+        finally:
+            for pending in (task, alone):
+                if not pending.done():
+                    pending.cancel()
+            await asyncio.gather(task, alone, return_exceptions=True)
 
     def _successor_possible(self, remaining: list[Any]) -> bool:
         """Whether another live broker is in the ISR of any partition still led here (a retry could help)."""

@@ -30,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     _keep_library_logs_off_stderr()
     try:
-        with stop_on_signals():
+        with stop_on_signals(take_ignored=getattr(args, "service", False)):
             return args.handler(args)
     except KafkaError as exc:
         _fail(str(exc))

@@ -10,6 +10,7 @@ import argparse
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
@@ -18,6 +19,13 @@ BOOTSTRAP_ENV = "ONCELOG_BOOTSTRAP"
 
 class CommandError(Exception):
     """A problem the user can fix, reported as one line and exit status 1."""
+
+
+def absolute_path(text: str) -> Path:
+    """An argparse type for every path option: the path made absolute against the directory the command was
+    started in. Commands hand paths to child processes started elsewhere (ZooKeeper runs in its own data
+    directory) and print them for the user, so a relative path must not reach either."""
+    return Path(os.path.abspath(os.path.expanduser(text)))
 
 
 def connection_options() -> argparse.ArgumentParser:

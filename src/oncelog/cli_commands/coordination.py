@@ -14,10 +14,9 @@ from __future__ import annotations
 import argparse
 import shutil
 import sys
-from pathlib import Path
 from typing import Any
 
-from .common import CommandError
+from .common import CommandError, absolute_path
 
 
 def register(sub: Any, common: argparse.ArgumentParser) -> None:
@@ -26,7 +25,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
     verbs = coordination.add_subparsers(dest="verb", required=True, metavar="COMMAND")
 
     start = verbs.add_parser("start", help="run one ZooKeeper member in the foreground (development, tests)")
-    start.add_argument("--data-dir", type=Path, required=True,
+    start.add_argument("--data-dir", type=absolute_path, required=True,
                        help="ZooKeeper's data (znodes survive restarts), zoo.cfg and zookeeper.log")
     start.add_argument("--listen", type=_host_port, default=("127.0.0.1", 2181), metavar="HOST:PORT",
                        help="client address (default 127.0.0.1:2181; port 0: any free port)")
@@ -34,7 +33,7 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                        help="give up if it does not answer within this long (default 120; the jars' first "
                             "download from Maven Central is not counted)")
     start.add_argument("--heap-mb", type=int, default=128, help="JVM heap (default 128)")
-    start.set_defaults(handler=_start)
+    start.set_defaults(handler=_start, service=True)  # SIGINT stops it even when started ignored (interrupts.py)
 
     classpath = verbs.add_parser("classpath", help="resolve ZooKeeper's jars (Maven, first use only) and print "
                                                    "the classpath")

@@ -6,7 +6,11 @@ session timeout), `produce` flushes what it accepted or aborts its transaction. 
 Docker and Kubernetes send, would end the process on the spot and skip all of that. While a client command runs
 both signals raise KeyboardInterrupt in the main thread, so SIGTERM takes the Ctrl-C path and exits with the
 same status. A signal the process was started with ignored (SIG_IGN, e.g. SIGINT of a background job) stays
-ignored. `oncelog serve` has its own handlers (cli.py) and does not use this.
+ignored for a client command: `consume ... &` in a script keeps the shell's choice. A command that runs a service
+in the foreground (`cluster start`, `coordination start`: set_defaults(service=True)) takes both signals whatever
+it inherited, as `oncelog serve` does (its own handlers, cli.py): a service started with `&` from a script would
+otherwise ignore `kill -INT` and leave SIGTERM as the only clean stop, and the two ways to run a node must not
+disagree about how to stop one.
 
 `deferred()` marks work that must not be cut in the middle (taking records from the consumer and printing
 them): the first signal inside it is held until the block ends and raised there; a second one raises at once,
@@ -40,16 +44,18 @@ def _interrupt(signum: int, frame: FrameType | None) -> None:
 
 
 @contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """While the block runs, SIGINT and SIGTERM raise KeyboardInterrupt (main thread only); restored after."""
+def stop_on_signals(take_ignored: bool = False) -> Iterator[None]:
+    """While the block runs, SIGINT and SIGTERM raise KeyboardInterrupt (main thread only); restored after.
+
+    An inherited SIG_IGN is kept unless `take_ignored` (a service: see the module docstring)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {}
     for sig in SIGNALS:
         current = signal.getsignal(sig)
-        if current is signal.SIG_IGN or current is None:  # ignored by choice, or a handler not set from Python
-            continue
+        if current is None or (current is signal.SIG_IGN and not take_ignored):  # not set from Python, or
+            continue                                                            # ignored by choice
         previous[sig] = current
         signal.signal(sig, _interrupt)
     try:

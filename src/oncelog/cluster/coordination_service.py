@@ -77,7 +77,7 @@ def _kill_leftovers() -> None:
         member.kill()
 
 
-def _orphan_guard() -> list[str]:
+def orphan_guard() -> list[str]:
     """A prefix that makes the JVM die with this process (Linux setpriv --pdeathsig; setpriv execs the JVM, so
     the pid stays the JVM's). Only from the main thread: the signal follows the death of the *thread* that
     started the child, and the main thread lives as long as the interpreter."""
@@ -167,7 +167,9 @@ class Member:
 
     def __init__(self, member_id: int, directory: Path, host: str, heap_mb: int) -> None:
         self.member_id = member_id
-        self.directory = directory
+        # Absolute: the JVM runs in this directory and is handed paths in it (zoo.cfg, java.io.tmpdir), so a
+        # relative one would be taken twice over, once from here and once from there.
+        self.directory = Path(os.path.abspath(directory))
         self.host = host
         self.heap_mb = heap_mb
         self.client_port = 0
@@ -178,8 +180,8 @@ class Member:
         self.classpath = ""
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None    # of the last process, once it exited
-        self.config_path = directory / CONFIG_NAME
-        self.log_path = directory / LOG_NAME
+        self.config_path = self.directory / CONFIG_NAME
+        self.log_path = self.directory / LOG_NAME
         self._log_start = 0                   # where this start's output begins in the log
 
     @property
@@ -207,7 +209,7 @@ class Member:
         self.config_path.write_text("\n".join(lines) + "\n")
         if any(key.startswith("server.") for key in self.config):
             (self.directory / "myid").write_text(f"{self.member_id}\n")
-        args = [*_orphan_guard(), self.java, f"-Xmx{self.heap_mb}m", f"-Xms{min(self.heap_mb, 32)}m",
+        args = [*orphan_guard(), self.java, f"-Xmx{self.heap_mb}m", f"-Xms{min(self.heap_mb, 32)}m",
                 "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
                 f"-Djava.io.tmpdir={self.directory}",
                 "-Dorg.slf4j.simpleLogger.logFile=System.out", "-Dorg.slf4j.simpleLogger.showDateTime=true",
@@ -533,7 +535,7 @@ class Ensemble(_Members):
                  start_timeout: float | None = None) -> None:
         if size < 1:
             raise ValueError("an ensemble has at least one member")
-        self.directory = Path(directory)
+        self.directory = Path(os.path.abspath(directory))
         super().__init__([self.directory / f"member-{i}" for i in range(1, size + 1)], host, settings=settings,
                          heap_mb=heap_mb, tick_time_ms=tick_time_ms, java=java, classpath=classpath,
                          start_timeout=start_timeout or START_TIMEOUT_S * (1 + 0.5 * (size - 1)))

@@ -49,7 +49,8 @@ def zookeeper_version() -> str:
 def cache_dir() -> Path:
     base = os.environ.get("ONCELOG_ZOOKEEPER_CACHE")
     if base:
-        return Path(base)
+        # Absolute: Maven takes the classpath file's path relative to the pom's directory, not to ours.
+        return Path(os.path.abspath(base))
     xdg = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(xdg) / "oncelog" / f"zookeeper-{zookeeper_version()}"
 
