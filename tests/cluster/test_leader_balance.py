@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 import uuid
 
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, ResourceType
 from kafka.admin import KafkaAdminClient
 from kafka.structs import TopicPartition
 
@@ -130,3 +130,19 @@ def test_disabled_rebalance_leaves_leaders_where_they_are(cluster_factory):
         assert leaders(c, topic) == moved_away(1), "a leadership moved with auto.leader.rebalance.enable=false"
         time.sleep(0.5)
     assert in_sync(c, topic)
+    # the keys as DescribeConfigs shows them, on the broker that checks
+    controller = c.controller()
+    resource = ConfigResource(ResourceType.BROKER, str(controller))
+    describer = AdminClient({"bootstrap.servers": c.bootstrap})
+    entries = describer.describe_configs([resource])[resource].result(60)
+    assert {k: entries[k].value for k in ("auto.leader.rebalance.enable", "leader.imbalance.check.interval.seconds",
+                                          "leader.imbalance.per.broker.percentage")} == {
+        "auto.leader.rebalance.enable": "false", "leader.imbalance.check.interval.seconds": str(SHORT_INTERVAL_S),
+        "leader.imbalance.per.broker.percentage": "10"}
+    # the election was possible all along: ElectLeaders makes it at once
+    admin = KafkaAdminClient(bootstrap_servers=c.bootstrap)
+    try:
+        admin.elect_leaders(0, {topic: [0]})
+    finally:
+        admin.close()
+    wait_for(lambda: leaders(c, topic) == {0: 1, 1: 2, 2: 3}, "ElectLeaders to move partition 0 to broker 1")
