@@ -257,3 +257,18 @@ def test_the_jvm_dies_with_a_killed_command(command, tmp_path):
     finally:
         if not _gone(jvm):
             os.kill(jvm, signal.SIGKILL)
+
+
+def test_a_relative_jar_cache_is_the_working_directorys(zookeeper_runtime, tmp_path):
+    """ONCELOG_ZOOKEEPER_CACHE=relative: Maven takes its output file relative to the pom's directory, so the
+    classpath was written inside the package and read from here (FileNotFoundError, a traceback)."""
+    if shutil.which("mvn") is None:
+        pytest.skip("no mvn to resolve into a fresh cache")
+    env = {**os.environ, "ONCELOG_ZOOKEEPER_CACHE": "jar-cache"}
+    proc = subprocess.run([sys.executable, "-m", "oncelog", "coordination", "classpath"], capture_output=True,
+                          text=True, timeout=WAIT_S * 3, env=env, cwd=tmp_path)
+    if proc.returncode != 0 and "not reachable" in proc.stderr:
+        pytest.skip(proc.stderr.strip())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == zookeeper_runtime[1]
+    assert [p.name for p in (tmp_path / "jar-cache").iterdir() if p.name.startswith("classpath-")]
