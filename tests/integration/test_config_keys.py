@@ -253,3 +253,20 @@ def test_offsets_retention_minutes_and_check_interval(broker_factory, topic_name
     with Wire(checked.bootstrap) as a, Wire(unchecked.bootstrap) as b:
         assert fetch(a, "standalone", topic_name, [0]) == {0: (-1, NONE)}
         assert fetch(b, "standalone", topic_name, [0]) == {0: (5, NONE)}
+
+
+def test_refused_broker_key_on_incremental_alter_configs(module_broker):
+    """INVALID_CONFIG naming the key and why, not the 'static: restart with it' answer other broker keys get."""
+    from confluent_kafka import KafkaException
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, ResourceType
+    from tests.integration.helpers import admin
+
+    client = admin(module_broker.bootstrap)
+    resource = ConfigResource(ResourceType.BROKER, "0", incremental_configs=[ConfigEntry(
+        "log.flush.start.offset.checkpoint.interval.ms", "1000", incremental_operation=AlterConfigOpType.SET)])
+    (future,) = client.incremental_alter_configs([resource]).values()
+    with pytest.raises(KafkaException) as failure:
+        future.result(timeout=15)
+    error = failure.value.args[0]
+    assert error.code() == 40  # INVALID_CONFIG
+    assert error.str().startswith("Configuration log.flush.start.offset.checkpoint.interval.ms is not supported: ")

@@ -19,7 +19,15 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ...config import BROKER_KEYS, TOPIC_KEYS, TYPE_LIST, ConfigError, TopicConfig, parse_topic_overrides
+from ...config import (
+    BROKER_KEYS,
+    REFUSED_BROKER_KEYS,
+    TOPIC_KEYS,
+    TYPE_LIST,
+    ConfigError,
+    TopicConfig,
+    parse_topic_overrides,
+)
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
@@ -176,6 +184,10 @@ def _alter_broker(res: Any, known: set[str]) -> None:
             continue
         if change.name in BROKER_THROTTLES:
             raise KafkaError(ErrorCode.INVALID_CONFIG, NO_THROTTLES.format(name=change.name))
+        if change.name in REFUSED_BROKER_KEYS:
+            # Not "static, restart with it": a restart with it would be refused too (config.REFUSED_BROKER_KEYS).
+            raise KafkaError(ErrorCode.INVALID_CONFIG, f"Configuration {change.name} is not supported: "
+                                                       f"{REFUSED_BROKER_KEYS[change.name]}")
         raise KafkaError(ErrorCode.INVALID_REQUEST, STATIC_BROKER)
 
 
