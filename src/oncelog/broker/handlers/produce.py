@@ -4,7 +4,8 @@
 Everything before the first await runs synchronously, in the order requests arrived
 on the connection, so a client's pipelined batches are appended in its order. The
 batch bytes are never copied: the request frame is the buffer the socket wrote into,
-the log patches the base offset in place and writes that memory to the segment.
+the log patches the base offset in place and writes that memory to the segment. The one
+exception is a batch whose codec is not the topic's compression.type: it is stored rebuilt.
 """
 
 from __future__ import annotations
