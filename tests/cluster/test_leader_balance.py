@@ -19,7 +19,7 @@ from kafka.structs import TopicPartition
 
 from oncelog.cluster.controller import REBALANCE_AFTER_REGISTRATION_S, REBALANCE_FOLLOW_UP_S
 from oncelog.embedded import ClusterProcess
-from tests.cluster.cluster_processes import converge_s, partitions, wait_for
+from tests.cluster.cluster_processes import START_S, converge_s, partitions, wait_for
 from tests.cluster.replica_logs import wait_isr_whole
 
 PREFERRED = {0: [1, 2, 3], 1: [2, 3, 1], 2: [3, 1, 2]}
@@ -97,6 +97,20 @@ def test_check_after_registration_does_not_wait_for_the_interval(cluster_factory
              timeout=REBALANCE_FOLLOW_UP_S + converge_s())
     print(f"preferred leaders back {time.monotonic() - started:.1f} s after broker {broker} started "
           "(interval 3600 s)")
+
+
+def test_whole_cluster_stopped_and_started_again_gets_its_preferred_leaders_back(cluster_factory):
+    """Issue 21's case: the cluster stopped broker by broker (the last one stopped leads everything) and started
+    again, with the interval at an hour: the checks after the controller takes the seat and after each
+    registration, repeated while the returning replicas rejoin the ISRs, give every broker its leadership back."""
+    c = cluster_factory(**{"auto.leader.rebalance.enable": True, "leader.imbalance.check.interval.seconds": 3600})
+    topic = create(c)
+    c.stop()
+    started = time.monotonic()
+    c.start(START_S)
+    wait_for(lambda: leaders(c, topic) == {0: 1, 1: 2, 2: 3}, "the preferred leaders back",
+             timeout=REBALANCE_FOLLOW_UP_S + converge_s())
+    print(f"preferred leaders back {time.monotonic() - started:.1f} s after the cluster's start (interval 3600 s)")
 
 
 def test_periodic_check_without_any_registration(cluster_factory):
