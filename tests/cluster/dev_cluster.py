@@ -139,10 +139,17 @@ def log_time(log: Path, pattern: str) -> datetime | None:
     return found
 
 
-def kill_quietly(proc: subprocess.Popen) -> None:
+def kill_quietly(proc: subprocess.Popen, directory: Path | None = None) -> None:
+    """SIGKILL the command if it still runs, and whatever it started under `directory` (a failed test must not
+    leave brokers behind: a command that is killed takes them along only when it did set that up)."""
     if proc.poll() is None:
         proc.kill()
         proc.wait()
+    for pid in processes_under(directory) if directory is not None else ():
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
 
 
 def signal_group(pid: int, sig: int) -> None:

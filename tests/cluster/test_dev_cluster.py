@@ -41,7 +41,7 @@ def start(cwd: Path, data_dir: str, *extra: str,
     try:
         bootstrap = out.expect(READY).group(1)
     except AssertionError as exc:
-        kill_quietly(proc)
+        kill_quietly(proc, cwd)
         raise AssertionError(f"{exc}; stderr: {err.rest()}") from None
     return proc, err, bootstrap
 
@@ -65,7 +65,7 @@ def test_a_relative_data_dir_is_the_working_directorys(tmp_path, zookeeper_runti
         os.kill(proc.pid, signal.SIGTERM)
         assert finish(proc, err) == 0, err.rest()
     finally:
-        kill_quietly(proc)
+        kill_quietly(proc, work)
     cluster = work / "data" / "cluster"
     assert (cluster / "coordination" / "zoo.cfg").is_file() and (cluster / "broker-1").is_dir()
     assert "broker stopped cleanly" in (cluster / "broker-1-broker.log").read_text()
@@ -80,7 +80,7 @@ def test_sigint_stops_it_when_started_with_sigint_ignored(tmp_path, zookeeper_ru
         os.kill(proc.pid, signal.SIGINT)
         assert finish(proc, err) == 0, err.rest()
     finally:
-        kill_quietly(proc)
+        kill_quietly(proc, tmp_path)
     wait_gone(tmp_path / "c")
 
 
@@ -120,7 +120,7 @@ def test_a_dead_broker_or_zookeeper_is_restarted_and_ctrl_c_stops_brokers_one_at
         signal_group(proc.pid, signal.SIGINT)
         assert finish(proc, err) == 0, err.rest()
     finally:
-        kill_quietly(proc)
+        kill_quietly(proc, directory)
     order = [int(n) for n in err.expect(r"stopping brokers ([\d, ]+) one at a time", 1).group(1).split(", ")]
     assert sorted(order) == [1, 2, 3] and order[-1] == controller
     logs = {n: directory / f"broker-{n}-broker.log" for n in order}

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster.dev_cluster import WAIT_S, Lines, round_trip, wait_gone
+from tests.cluster.dev_cluster import WAIT_S, Lines, kill_quietly, round_trip, wait_gone
 
 ROOT = Path(__file__).resolve().parents[2]
 INSTALLS = re.compile(r"pip install|-m venv|\bvirtualenv\b")
@@ -95,4 +95,5 @@ def test_make_cluster_from_a_fresh_clone(clone, zookeeper_runtime):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        kill_quietly(proc, clone)
     wait_gone(clone)

@@ -27,6 +27,6 @@ def test_relative_paths_and_an_inherited_ignored_sigint(tmp_path):
         proc.send_signal(signal.SIGINT)
         assert proc.wait(WAIT_S) == 0, err.rest()
     finally:
-        kill_quietly(proc)
+        kill_quietly(proc, tmp_path)
     assert sorted(p.name for p in (tmp_path / "rel" / "data").iterdir() if p.name.startswith("paths-")) == \
         ["paths-0", "paths-1"]
