@@ -31,7 +31,8 @@ def _build_parser() -> argparse.ArgumentParser:
         description="A Kafka-protocol broker with exactly-once producers (serve), and a client for it.")
     sub = parser.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run one broker in the foreground")
-    serve.add_argument("--data-dir", type=absolute_path, default="./data", help="where partition logs live (default ./data)")
+    serve.add_argument("--data-dir", type=absolute_path, default="./data",
+                       help="where partition logs live (default ./data)")
     serve.add_argument("--listen", type=_host_port, default=("127.0.0.1", 9092), help="HOST:PORT (port 0: any free)")
     serve.add_argument("--config", type=absolute_path, help="a server.properties file with Kafka's key names")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")

@@ -239,8 +239,8 @@ class ClusterProcess:
         return self.start_broker(node_id, timeout + self.session_timeout_ms / 1000)
 
     def stop(self, timeout: float = 60.0, order: list[int] | None = None) -> None:
-        """Stop the brokers one at a time in `order` (default `stop_order()`), each SIGTERMed and waited for (its controlled shutdown
-        moves its leaderships to brokers still running), then the coordination service.
+        """Stop the brokers one at a time in `order` (default `stop_order()`), each SIGTERMed and waited for (its
+        controlled shutdown moves its leaderships to brokers still running), then the coordination service.
 
         Not all at once: brokers stopping together move leaderships onto each other, and one whose controller
         stops under it waits for a controller that never comes (up to its stop timeout). One at a time, every
