@@ -273,7 +273,7 @@ class ClusterMode:
                 return
             deadline = loop.time() + timeout
             try:
-                code, remaining = await self._unless_alone(self._ask_controlled_shutdown(deadline), deadline)
+                code, remaining = await self._unless_alone(self._ask_controlled_shutdown(deadline))
             except (ControllerUnavailable, StoreUnavailable) as exc:
                 code, remaining = ErrorCode.REQUEST_TIMED_OUT, [f"({exc})"]
             except _Alone:
@@ -295,7 +295,7 @@ class ClusterMode:
                         code.name, _names(remaining))
             if attempt < attempts:
                 try:
-                    await self._unless_alone(asyncio.sleep(backoff), loop.time() + backoff)
+                    await self._unless_alone(asyncio.sleep(backoff))
                 except _Alone:
                     log.info("controlled shutdown: every other broker left; nothing to move")
                     return
@@ -306,20 +306,35 @@ class ClusterMode:
     def _alone(self) -> bool:
         return not any(node_id != self.node_id for node_id in self.image.brokers)
 
-    async def _unless_alone(self, work: Awaitable[Any], deadline: float) -> Any:
-        """`work`'s result, or _Alone (the work cancelled) as soon as the image shows no other broker."""
+    async def _unless_alone(self, work: Awaitable[Any]) -> Any:
+        """`work`'s result, or _Alone (the work cancelled) as soon as the image shows no other broker.
+
+        Watched with a listener and a plain Event, not `_wait`: its asyncio.wait_for can swallow a cancellation on
+        Python 3.11 when the event is set at the same moment (an image change arriving with the controller's
+        answer), and the watcher would then run on to its deadline with the shutdown waiting for it."""
+        alone = asyncio.Event()
+
+        def listener(delta: ImageDelta) -> None:
+            if self._alone():
+                alone.set()
+
+        self.image.subscribe(listener)
         task = asyncio.ensure_future(work)
-        alone = asyncio.ensure_future(self._wait(self._alone, deadline))
+        waiter = asyncio.ensure_future(alone.wait())
         try:
-            done, _ = await asyncio.wait({task, alone}, return_when=asyncio.FIRST_COMPLETED)
-            if task not in done and alone.result():
-                raise _Alone
-            return await task
+            if self._alone():
+                alone.set()
+            done, _ = await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                return task.result()
+            task.cancel()
+            await asyncio.wait({task}, timeout=1.0)     # bounded: the work is abandoned either way
+            raise _Alone
         finally:
-            for pending in (task, alone):
-                if not pending.done():
-                    pending.cancel()
-            await asyncio.gather(task, alone, return_exceptions=True)
+            self.image.unsubscribe(listener)
+            waiter.cancel()
+            if not task.done():
+                task.cancel()
 
     def _successor_possible(self, remaining: list[Any]) -> bool:
         """Whether another live broker is in the ISR of any partition still led here (a retry could help)."""
