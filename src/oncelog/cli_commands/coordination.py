@@ -3,7 +3,9 @@
 `start` runs one ZooKeeper member in the foreground, for development and tests: it prints exactly one line on
 stdout, `oncelog coordination ready at HOST:PORT` (the connect string brokers take in
 `oncelog.coordination.connect`), once a session to it opens; SIGTERM or Ctrl-C stop the JVM (SIGTERM, SIGKILL
-after a bound) and exit 0. If the JVM dies on its own the command exits 1 with the end of its log. The JVM dies
+after a bound) and exit 0, SIGINT also when the command was started with it ignored (a background job of a
+script; interrupts.py). --data-dir is made absolute against the directory the command runs in: the JVM runs in
+its data directory. If the JVM dies on its own the command exits 1 with the end of its log. The JVM dies
 with this process in every case (oncelog.cluster.coordination_service). `classpath` resolves ZooKeeper's jars
 (Maven, first use only) and prints the classpath: `make coordination-setup` runs it so tests need no Maven.
 Needs `java` (and `mvn` until the jars are cached); without them, a one-line error.
