@@ -99,6 +99,10 @@ def one_of(*choices: str) -> Callable[[Any], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
 
+def fraction(v: float) -> str | None:
+    return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
+
+
 def between(low: int, high: int, *also: int) -> Callable[[Any], str | None]:
     extra = "".join(f" or {v}" for v in also)
     return lambda v: None if low <= v <= high or v in also else f"must be between {low} and {high}{extra}"
@@ -160,6 +164,18 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
         ConfigKey("file.delete.delay.ms", TYPE_LONG, 60000,
                   "How long a deleted segment's files stay on disk as <name>.deleted before they are unlinked.",
                   at_least(0), "log.segment.delete.delay.ms"),
+        # Log compaction (storage/cleaner/, docs/log-cleaner.md).
+        ConfigKey("delete.retention.ms", TYPE_LONG, 86400000,
+                  "How long a tombstone or a transaction marker stays once the cleaner has seen it (its delete "
+                  "horizon).", at_least(0), "log.cleaner.delete.retention.ms"),
+        ConfigKey("min.cleanable.dirty.ratio", TYPE_DOUBLE, 0.5,
+                  "Share of the log not yet cleaned above which the cleaner takes it.", fraction,
+                  "log.cleaner.min.cleanable.ratio"),
+        ConfigKey("min.compaction.lag.ms", TYPE_LONG, 0, "Records younger than this are not cleaned.",
+                  at_least(0), "log.cleaner.min.compaction.lag.ms"),
+        ConfigKey("max.compaction.lag.ms", TYPE_LONG, LONG_MAX,
+                  "A record older than this is cleaned whatever the dirty ratio (KIP-354).", at_least(1),
+                  "log.cleaner.max.compaction.lag.ms"),
     ]
 }
 
@@ -197,6 +213,24 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("log.index.size.max.bytes", TYPE_INT, 10485760, "Default segment.index.bytes.", at_least(8)),
         ConfigKey("log.index.interval.bytes", TYPE_INT, 4096, "Default index.interval.bytes.", at_least(0)),
         ConfigKey("log.segment.delete.delay.ms", TYPE_LONG, 60000, "Default file.delete.delay.ms.", at_least(0)),
+        ConfigKey("log.cleaner.enable", TYPE_BOOLEAN, True,
+                  "Run the log cleaner on topics with cleanup.policy compact (on the single node; a cluster's "
+                  "replicas are not cleaned yet, issue 22)."),
+        ConfigKey("log.cleaner.threads", TYPE_INT, 1,
+                  "Worker processes that clean (the copy parses every record, so it runs outside the broker's "
+                  "process).", at_least(1)),
+        ConfigKey("log.cleaner.backoff.ms", TYPE_LONG, 15000, "Pause of the cleaner when nothing is cleanable.",
+                  at_least(0)),
+        ConfigKey("log.cleaner.dedupe.buffer.size", TYPE_LONG, 134217728,
+                  "Offset map budget of one round, in bytes (24 bytes a key, as Kafka counts it).",
+                  at_least(1024 * 1024)),
+        ConfigKey("log.cleaner.min.cleanable.ratio", TYPE_DOUBLE, 0.5, "Default min.cleanable.dirty.ratio.",
+                  fraction),
+        ConfigKey("log.cleaner.delete.retention.ms", TYPE_LONG, 86400000, "Default delete.retention.ms.",
+                  at_least(0)),
+        ConfigKey("log.cleaner.min.compaction.lag.ms", TYPE_LONG, 0, "Default min.compaction.lag.ms.", at_least(0)),
+        ConfigKey("log.cleaner.max.compaction.lag.ms", TYPE_LONG, LONG_MAX, "Default max.compaction.lag.ms.",
+                  at_least(1)),
         ConfigKey("min.insync.replicas", TYPE_INT, 1,
                   "Default min.insync.replicas: in-sync replicas an acks=all write needs.", at_least(1)),
         ConfigKey("log.flush.offset.checkpoint.interval.ms", TYPE_INT, 60000,
@@ -296,6 +330,9 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("oncelog.test.fail.fsync.file", TYPE_STRING, "",
                   "TEST ONLY (fault injection): while the named file exists, every fsync of partition data "
                   "fails with EIO. Empty: off."),
+        ConfigKey("oncelog.test.crash.at", TYPE_STRING, "",
+                  "TEST ONLY (fault injection): the broker SIGKILLs itself at this step of a multi-step file "
+                  "operation (swap-staged, swap-committed, swap-old-deleted: the cleaner's swap). Empty: off."),
     ]
     return {k.name: k for k in keys}
 

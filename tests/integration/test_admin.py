@@ -52,6 +52,8 @@ DEFAULTS = {
     "retention.bytes": "-1", "segment.bytes": "1073741824", "segment.ms": "604800000",
     "segment.index.bytes": "10485760", "index.interval.bytes": "4096", "min.insync.replicas": "1",
     "file.delete.delay.ms": "60000", "unclean.leader.election.enable": "false",
+    "delete.retention.ms": "86400000", "min.cleanable.dirty.ratio": "0.5", "min.compaction.lag.ms": "0",
+    "max.compaction.lag.ms": "9223372036854775807",
 }
 
 

@@ -32,6 +32,10 @@ from oncelog.coordinator.group.settings import GroupSettings
     ("log.retention.hours", "2", "retention.ms", 7_200_000),
     ("log.roll.ms", "5000", "segment.ms", 5000),
     ("log.roll.hours", "3", "segment.ms", 10_800_000),
+    ("log.cleaner.min.cleanable.ratio", "0.25", "min.cleanable.dirty.ratio", 0.25),
+    ("log.cleaner.delete.retention.ms", "5000", "delete.retention.ms", 5000),
+    ("log.cleaner.min.compaction.lag.ms", "6000", "min.compaction.lag.ms", 6000),
+    ("log.cleaner.max.compaction.lag.ms", "7000", "max.compaction.lag.ms", 7000),
 ])
 def test_broker_key_is_the_topic_default(broker_key, value, topic_key, expected):
     config = load_broker_config(overrides=[f"{broker_key}={value}"])

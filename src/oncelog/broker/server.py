@@ -24,6 +24,7 @@ from ..coordinator.group import GroupCoordinator
 from ..coordinator.txn.coordinator import TransactionCoordinator
 from ..coordinator.txn.producer_ids import ProducerIdManager
 from ..errors import ErrorCode
+from ..storage.cleaner.manager import LogCleaner
 from ..storage.flusher import GroupCommitFlusher
 from ..storage.log_manager import LogManager
 from .connection import Connection
@@ -104,6 +105,7 @@ class Broker:
         self.producer_ids = ProducerIdManager(self.data_dir / "__oncelog_meta" / "producer-ids.json")
         self.txn_coordinator: TransactionCoordinator | None = None
         self.group_coordinator: GroupCoordinator | None = None
+        self.cleaner: LogCleaner | None = None  # the log cleaner (single node; storage/cleaner/)
         # Cluster mode: markers for other brokers' partitions and KIP-890 questions to other brokers' coordinators.
         self.marker_channel: Any = None
         self.txn_verifier: Any = None
@@ -178,6 +180,17 @@ class Broker:
             self.group_coordinator = GroupCoordinator.for_broker(self)
             self.group_coordinator.startup()
         self.flusher.start()
+        if self.cluster is None and self.config["log.cleaner.enable"]:
+            # Compacted topics (__consumer_offsets and __transaction_state included) are cleaned in worker
+            # processes. A cluster's replicas are not cleaned yet (issue 22: a follower's start-over across a
+            # cleaned range is the open case), so there the logs keep every record, as before.
+            self.cleaner = LogCleaner(self.data_dir, self.logs.all_partitions,
+                                      workers=self.config["log.cleaner.threads"],
+                                      backoff_ms=self.config["log.cleaner.backoff.ms"],
+                                      dedupe_buffer_bytes=self.config["log.cleaner.dedupe.buffer.size"])
+            self.cleaner.start()
+        elif self.cluster is not None and self.config["log.cleaner.enable"]:
+            log.warning("log cleaner: not run in cluster mode yet (issue 22); compacted topics keep every record")
         if self.txn_coordinator is not None:
             self.txn_coordinator.start()
         self.group_coordinator.start()
@@ -234,6 +247,8 @@ class Broker:
             await self.txn_coordinator.stop()
         if self.group_coordinator is not None:
             await self.group_coordinator.stop()
+        if self.cleaner is not None:
+            await self.cleaner.stop()
         await self.flusher.stop()
         if self.logs.cluster_id:  # storage was opened
             self.logs.shutdown()

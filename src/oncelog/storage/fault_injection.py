@@ -28,3 +28,21 @@ def check_fsync() -> None:
     trigger = _trigger
     if trigger is not None and os.path.exists(trigger):
         raise OSError(errno.EIO, f"injected fsync failure (trigger file {trigger} exists)")
+
+
+# Crash points: `oncelog.test.crash.at` names one step of a multi-step file operation (the cleaner's swap:
+# swap-staged, swap-committed, swap-old-deleted); the broker SIGKILLs itself the moment it gets there, so a test
+# can show that the next start recovers from a crash at exactly that step. Unset: one `None` check per step.
+_crash_at: str | None = None
+
+
+def configure_crash(point: str | None) -> None:
+    global _crash_at
+    _crash_at = point or None
+
+
+def crash_point(name: str) -> None:
+    if _crash_at is not None and _crash_at == name:
+        import signal
+
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -115,6 +115,7 @@ class LogManager:
         self._now_ms = now_ms or _now_ms
         self._fsync: bool = broker_config["oncelog.fsync.enable"]
         fault_injection.configure(broker_config["oncelog.test.fail.fsync.file"])
+        fault_injection.configure_crash(broker_config["oncelog.test.crash.at"])
         self._logs: dict[tuple[str, int], PartitionLog] = {}
         self._partitions: dict[tuple[str, int], Partition] = {}
         # The transaction coordinator's verification hook, given to every partition (KIP-890 part 1).

@@ -27,9 +27,12 @@ from ..records.batch import BatchHeader, read_header, set_leader_epoch
 from ..records.control import ControlRecordError, build_marker, parse_marker
 from ..records.reader import Batch, iter_batches, read_batches
 from .checkpoints import CorruptCheckpointError, atomic_write, fsync_dir
+from .cleaner.manager import CleanerView
+from .cleaner.segment_cleaner import RoundResult, SourceSegment
 from .leader_epochs import LeaderEpochCache
 from .partition_log import PartitionLog
 from .producer_state import ProducerStateManager
+from .segment_swap import SwapGroup
 from .txn_index import AbortedTxn, TxnIndex
 
 log = logging.getLogger(__name__)
@@ -217,14 +220,15 @@ class Partition:
         log (every data batch recorded with its sequences, the cache of the last batches included, so a new
         leader answers retries as the old one would; every marker closes its transaction), and a batch of a
         newer leader epoch starts that epoch in the leader-epoch cache. `buf` is exactly the batch, writable;
-        its CRC is the caller's to check. KafkaError: OFFSET_OUT_OF_RANGE for a batch that does not start at
-        the log end, or what the log's append raises."""
+        its CRC is the caller's to check. A batch may start past the log end: where the leader's cleaner
+        removed batches, the copy keeps the same gap (offsets never change). KafkaError: OFFSET_OUT_OF_RANGE
+        for a batch that starts below the log end, or what the log's append raises."""
         end = self.log.log_end_offset
-        if header.base_offset != end:
+        if header.base_offset < end:
             raise KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE,
-                             f"{self.name}: replicated batch at {header.base_offset} does not start at the "
+                             f"{self.name}: replicated batch at {header.base_offset} starts below the "
                              f"log end {end}")
-        base = self.log.append(buf, header)
+        base = self.log.append(buf, header, at_offset=header.base_offset)
         epoch = header.leader_epoch
         if epoch > self.leader_epochs.latest_epoch:
             self.leader_epochs.assign(epoch, base)
@@ -324,6 +328,55 @@ class Partition:
     @property
     def _incomplete_path(self) -> str:
         return os.path.join(self.log.directory, PRODUCER_STATE_INCOMPLETE_FILE)
+
+    # -- the log cleaner (storage/cleaner/manager.py CleanableLog) --------------------------------------------
+    def cleaner_view(self, now_ms: int) -> CleanerView | None:
+        """What a round of cleaning needs of this partition now; None when it is not compacted or is offline.
+
+        The first uncleanable offset is the lowest of the active segment's base, the last stable offset (so an
+        open transaction and what follows it stay as they are), the high watermark (so a follower never rewrites
+        what its leader could still cut) and the first segment with a record younger than min.compaction.lag.ms.
+        Every producer's newest batch is named, so it stays in the cleaned log (seed 000)."""
+        plog = self.log
+        config = plog.config
+        if "compact" not in config["cleanup.policy"] or plog.offline_reason is not None:
+            return None
+        closed = plog.closed_segments()
+        if not closed:
+            return None
+        uncleanable = min(plog.segments[-1].base_offset, self.last_stable_offset, plog.high_watermark)
+        lag = config["min.compaction.lag.ms"]
+        if lag > 0:
+            young = next((s.base_offset for s in closed if s.largest_timestamp > now_ms - lag), None)
+            if young is not None:
+                uncleanable = min(uncleanable, young)
+        first = closed[0].base_offset
+        return CleanerView(
+            key=(self.topic, self.index), directory=plog.directory, generation=plog.generation,
+            log_start=plog.log_start_offset,
+            segments=tuple(SourceSegment(*s) for s in closed), first_uncleanable=uncleanable,
+            aborted=tuple(t for t in self.txn_index.entries if t.last_offset >= first),
+            last_batch_of_producer={pid: e.last_offset for pid, e in self.producers.entries.items()
+                                    if e.last_offset >= 0},
+            delete_retention_ms=config["delete.retention.ms"],
+            min_cleanable_ratio=config["min.cleanable.dirty.ratio"],
+            max_compaction_lag_ms=config["max.compaction.lag.ms"], segment_bytes=config["segment.bytes"],
+            max_index_bytes=config["segment.index.bytes"], index_interval_bytes=config["index.interval.bytes"])
+
+    def replace_cleaned(self, result: RoundResult, generation: int) -> bool:
+        """Swap a round's cleaned segments in (`PartitionLog.replace_segments`), then take the cleaned segments'
+        transaction indexes. Producer state does not change: offsets stay, and its snapshots keep describing
+        them."""
+        groups = [(g.source_bases, SwapGroup(g.base_offset, g.next_offset)) for g in result.groups]
+        try:
+            self.txn_index.sync()  # nothing of the old files may be left to write once they are replaced
+        except OSError as exc:
+            log.error("%s: cleaned segments not swapped in: %s", self.name, exc)
+            return False
+        if not self.log.replace_segments(groups, generation):
+            return False
+        self.txn_index.load()
+        return True
 
     # -- lookups by time -------------------------------------------------------------------------------
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:

@@ -28,7 +28,7 @@ from typing import NamedTuple
 from ..config import TopicConfig
 from ..errors import ErrorCode, KafkaError
 from ..records.batch import LOG_OVERHEAD, BatchHeader, set_base_offset
-from . import fault_injection
+from . import fault_injection, segment_swap
 from .segment import DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, LogSegment, segment_path
 
 # Reads up to this size are copied out with pread; larger ones are handed over as a file region for sendfile.
@@ -60,6 +60,15 @@ class ReadResult:
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None
+
+
+class ClosedSegment(NamedTuple):
+    """A closed segment as a reader of its files needs it (the log cleaner): its size is final."""
+
+    base_offset: int
+    next_offset: int
+    size: int
+    largest_timestamp: int
 
 
 class FlushTargets(NamedTuple):
@@ -123,6 +132,9 @@ class PartitionLog:
         self._durable_position: tuple[int, LogSegment, int] | None = None  # the same for the durable end
         self._unavailable: tuple[ErrorCode, str] | None = None
         self._closed = False
+        # Bumped whenever a closed segment changes or goes (retention, DeleteRecords, truncation, start-over, a
+        # swap), not by rolls: a rewrite made from the closed segments is swapped in only if it is unchanged.
+        self._generation = 0
         self._apply_config(config)
 
     def _apply_config(self, config: TopicConfig) -> None:
@@ -177,6 +189,7 @@ class PartitionLog:
     def _load(self, recovery_point: int, log_start_offset: int, clean: bool) -> None:
         os.makedirs(self.directory, exist_ok=True)
         self._dir_fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        segment_swap.recover(self.directory)  # a swap a crash interrupted: finished or dropped, never mixed
         bases = self._list_segments()
         first_to_recover = len(bases)
         if not clean:
@@ -378,6 +391,7 @@ class PartitionLog:
         batch's start with its indexes. Keeps at least one segment. The log end becomes that batch boundary;
         the other offsets are the caller's to adjust. OSError leaves the files in an unknown state."""
         deleted: list[int] = []
+        self._generation += 1
         try:
             while len(self._segments) > 1 and self._segments[-1].base_offset >= offset:
                 segment = self._segments.pop()
@@ -408,12 +422,14 @@ class PartitionLog:
             self._segments[-1].set_index_config(self._index_interval, self._max_index_bytes)
 
     # -- append -------------------------------------------------------------------------------------------
-    def append(self, buf, header: BatchHeader) -> int:
+    def append(self, buf, header: BatchHeader, at_offset: int | None = None) -> int:
         """Append one validated v2 batch (`buf` writable, exactly the batch) and return its base offset.
 
-        The base offset is patched into `buf` in place; the CRC does not cover it, so the bytes are written
-        as they are. Rolls first when the batch would overflow segment.bytes, the segment is older than
-        segment.ms, or an index is full.
+        The base offset (the log end, or `at_offset`) is patched into `buf` in place; the CRC does not cover it,
+        so the bytes are written as they are. `at_offset` is for a follower copying its leader's batches, whose
+        offsets are already assigned and may skip some (a compacted log keeps gaps where the cleaner removed
+        batches); it may not be below the log end. Rolls first when the batch would overflow segment.bytes, the
+        segment is older than segment.ms, or an index is full.
         """
         if self._unavailable is not None:
             raise self._error()
@@ -426,6 +442,11 @@ class PartitionLog:
         if len(buf) != size:
             raise KafkaError(ErrorCode.CORRUPT_MESSAGE, f"{len(buf)} bytes given for a batch of {size} bytes")
         base = self._leo
+        if at_offset is not None:
+            if at_offset < base:
+                raise KafkaError(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                 f"{self.name}: a batch at {at_offset} cannot follow the log end {base}")
+            base = at_offset
         last = base + header.last_offset_delta
         segment = self._segments[-1]
         try:
@@ -494,6 +515,61 @@ class PartitionLog:
                 hook(offset)
             except Exception:
                 log.exception("%s: segment hook failed", self.name)
+
+    # -- rewriting closed segments (the log cleaner) ----------------------------------------------------------
+    @property
+    def generation(self) -> int:
+        return self._generation
+
+    def closed_segments(self) -> tuple[ClosedSegment, ...]:
+        """Every segment but the active one, oldest first."""
+        return tuple(ClosedSegment(s.base_offset, s.next_offset, s.size, s.largest_timestamp)
+                     for s in self._segments[:-1])
+
+    def replace_segments(self, groups: list[tuple[tuple[int, ...], segment_swap.SwapGroup]], generation: int) -> bool:
+        """Put each group's new files (in the scratch directory) in place of its source segments, crash-safely
+        (segment_swap's steps). Only if nothing changed the closed segments since `generation` and each group's
+        sources are still consecutive closed segments; False (nothing done, the scratch files dropped)
+        otherwise. Offsets do not change: the high watermark, the log start and the log end stay. Reads in
+        flight keep reading the old files through their duplicated fds. KAFKA_STORAGE_ERROR (and the log
+        offline) if a rename fails half-way; the next load finishes the swap."""
+        if self._unavailable is not None or generation != self._generation:
+            segment_swap.discard_scratch(self.directory)
+            return False
+        closed = self._segments[:-1]
+        bases = [s.base_offset for s in closed]
+        for sources, group in groups:
+            i = bases.index(sources[0]) if sources[0] in bases else -1
+            if i < 0 or tuple(bases[i:i + len(sources)]) != sources or group.base_offset != sources[0]:
+                segment_swap.discard_scratch(self.directory)
+                return False
+        try:
+            for sources, group in groups:
+                i = self._bases.index(sources[0])
+                old = self._segments[i:i + len(sources)]
+                segment_swap.stage(self.directory, group)
+                fault_injection.crash_point("swap-staged")
+                segment_swap.commit(self.directory, group)
+                fault_injection.crash_point("swap-committed")
+                for segment in old:
+                    segment.delete(self._file_delete_delay_ms)
+                    segment_swap.drop_transaction_index(self.directory, segment.base_offset)
+                fault_injection.crash_point("swap-old-deleted")
+                segment_swap.finish(self.directory, group.base_offset)
+                new = LogSegment.open(self.directory, group.base_offset, now_ms=self._now_ms(),
+                                      **self._segment_kwargs())
+                new.finish(want_fds=False)  # a closed segment: no open index fds
+                self._segments[i:i + len(sources)] = [new]
+                self._bases[i:i + len(sources)] = [group.base_offset]
+                self._size += new.size - sum(s.size for s in old)
+        except OSError as exc:
+            self.mark_offline(f"swapping in cleaned segments failed: {exc}")
+            raise KafkaError(ErrorCode.KAFKA_STORAGE_ERROR, f"Swap in {self.name} failed: {exc}") from exc
+        finally:
+            self._generation += 1
+            self._hw_position = self._durable_position = None
+        segment_swap.discard_scratch(self.directory)
+        return True
 
     # -- reads ---------------------------------------------------------------------------------------------
     def read(self, offset: int, max_bytes: int, upper_bound: int | None = None,
@@ -739,6 +815,7 @@ class PartitionLog:
         if offset < 0:
             raise ValueError(f"Cannot start {self.name} at the negative offset {offset}")
         old = self._segments
+        self._generation += 1
         self._segments, self._bases = [], []
         self._unsynced = []
         self._size = 0
@@ -884,6 +961,7 @@ class PartitionLog:
     def _delete_segment(self, segment: LogSegment) -> None:
         """Remove the oldest segment."""
         assert segment is self._segments[0]
+        self._generation += 1
         del self._segments[0]
         del self._bases[0]
         self._size -= segment.size
@@ -975,6 +1053,7 @@ class PartitionLog:
     def delete(self) -> None:
         """Remove the partition directory (topic deletion). Readers holding fds keep their data."""
         self._closed = True
+        self._generation += 1
         self._unavailable = (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"Partition {self.name} was deleted")
         for fd in self._pending_fds:
             os.close(fd)

@@ -1,9 +1,13 @@
-"""Putting cleaned segments in place of their sources so that a crash at any step leaves the old segments or the
+"""Putting rewritten segments in place of their sources so that a crash at any step leaves the old segments or the
 new ones, never a mix and never a lost record (Kafka's `.cleaned` -> `.swap` protocol, docs/log-cleaner.md §4).
 
-The steps, for one cleaned group whose sources cover the offsets [base, end):
+Part of the log's on-disk format, not of the cleaner: the cleaner writes the new files into the scratch directory,
+the log swaps them in (`PartitionLog.replace_segments`) and every load of a partition finishes or drops what a
+crash left (`recover`, from `PartitionLog._load`).
 
-1. the worker wrote the group's files into the scratch directory and fsynced them (`segment_cleaner.run_round`);
+The steps, for one group of new files whose sources cover the offsets [base, end):
+
+1. the new segment's files were written into the scratch directory and fsynced (`cleaner.segment_cleaner`);
 2. `stage`: each file is renamed into the partition directory as `<name>.swap`, the directory fsynced;
 3. `commit`: `<base>.swapend`, holding `end`, is written atomically: the commit point;
 4. the log deletes its old segments in [base, end) (renamed `.deleted`, unlinked after file.delete.delay.ms);
@@ -20,25 +24,33 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from typing import NamedTuple
 
-from ..checkpoints import atomic_write, fsync_dir
-from ..segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_path
-from ..txn_index import SUFFIX as TXN_INDEX_SUFFIX
-from .segment_cleaner import SCRATCH_DIR, CleanedGroup
+from .checkpoints import atomic_write, fsync_dir
+from .segment import INDEX_SUFFIX, LOG_SUFFIX, TIME_INDEX_SUFFIX, segment_path
+from .txn_index import SUFFIX as TXN_INDEX_SUFFIX
 
 log = logging.getLogger(__name__)
 
+SCRATCH_DIR = "cleaner-scratch"  # inside the partition directory; never a legal segment file name
 SWAP_SUFFIX = ".swap"
 COMMIT_SUFFIX = ".swapend"
 # The log file last: a group whose .log is staged has every other file staged too.
 SEGMENT_SUFFIXES = (INDEX_SUFFIX, TIME_INDEX_SUFFIX, TXN_INDEX_SUFFIX, LOG_SUFFIX)
 
 
+class SwapGroup(NamedTuple):
+    """New files at `base_offset` in the scratch directory, replacing the segments that cover [base, next)."""
+
+    base_offset: int
+    next_offset: int
+
+
 def scratch_dir(directory: str) -> str:
     return os.path.join(directory, SCRATCH_DIR)
 
 
-def stage(directory: str, group: CleanedGroup) -> None:
+def stage(directory: str, group: SwapGroup) -> None:
     """Step 2: the group's scratch files renamed to `<name>.swap` in the partition directory, durably."""
     scratch = scratch_dir(directory)
     for suffix in SEGMENT_SUFFIXES:
@@ -48,7 +60,7 @@ def stage(directory: str, group: CleanedGroup) -> None:
     fsync_dir(directory)
 
 
-def commit(directory: str, group: CleanedGroup) -> None:
+def commit(directory: str, group: SwapGroup) -> None:
     """Step 3: from here the cleaned group replaces its sources, whatever happens next."""
     atomic_write(_commit_path(directory, group.base_offset), str(group.next_offset).encode())
     fsync_dir(directory)
@@ -63,6 +75,14 @@ def finish(directory: str, base_offset: int) -> None:
     fsync_dir(directory)
     os.unlink(_commit_path(directory, base_offset))
     fsync_dir(directory)
+
+
+def drop_transaction_index(directory: str, base_offset: int) -> None:
+    """A replaced segment's transaction index (the log's segment objects do not own that file)."""
+    try:
+        os.unlink(segment_path(directory, base_offset, TXN_INDEX_SUFFIX))
+    except FileNotFoundError:
+        pass
 
 
 def discard_scratch(directory: str) -> None:

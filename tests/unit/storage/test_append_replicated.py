@@ -123,20 +123,24 @@ def test_an_open_transaction_stays_open_on_the_follower(pair):
     assert follower.aborted_transactions(0, 10) == []
 
 
-def test_a_batch_must_start_at_the_log_end(pair):
+def test_a_batch_may_skip_offsets_but_never_start_below_the_log_end(pair):
+    """A cleaned leader serves batches with gaps between them (docs/log-cleaner.md §2): the copy keeps the same
+    offsets and the same gaps. A batch below the log end is refused: it would overwrite or reorder the log."""
     leader, follower = pair()
     for seq in range(3):
         assert leader_append(leader, PID, seq, 1).error == ErrorCode.NONE
     first, second, third = log_batches(leader)
     follower.append_replicated(first, read_header(first), NOW)
     with pytest.raises(KafkaError) as info:
-        follower.append_replicated(third, read_header(third), NOW)
-    assert info.value.code == ErrorCode.OFFSET_OUT_OF_RANGE
-    with pytest.raises(KafkaError):
         follower.append_replicated(first, read_header(first), NOW)  # already there
-    follower.append_replicated(second, read_header(second), NOW)
-    assert follower.log.log_end_offset == 2
-    assert [b.first_offset for b in follower.producers.entries[PID].batches] == [0, 1]
+    assert info.value.code == ErrorCode.OFFSET_OUT_OF_RANGE
+    follower.append_replicated(third, read_header(third), NOW)  # the second one gone, as a cleaner removes it
+    assert follower.log.log_end_offset == 3
+    assert [h.base_offset for h in follower.log.iter_batches()] == [0, 2]
+    with pytest.raises(KafkaError) as info:
+        follower.append_replicated(second, read_header(second), NOW)
+    assert info.value.code == ErrorCode.OFFSET_OUT_OF_RANGE
+    assert [b.first_offset for b in follower.producers.entries[PID].batches] == [0, 2]
 
 
 def test_unstamped_batches_leave_the_epoch_cache_alone(pair):

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import multiprocessing
 import os
 import time
 from collections.abc import Callable, Iterable
-from concurrent.futures import Executor
+from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -53,7 +55,6 @@ class CleanerView:
     segment_bytes: int
     max_index_bytes: int
     index_interval_bytes: int
-    first_dirty_timestamp: int = -1  # the largest timestamp of the first dirty segment (-1: unknown)
 
 
 class CleanableLog(Protocol):
@@ -80,18 +81,23 @@ def candidate(view: CleanerView, checkpoint: int | None, now_ms: int) -> Candida
     if first_dirty >= view.first_uncleanable:
         return None
     clean = dirty = 0
+    first_dirty_timestamp = -1
     for seg in view.segments:
         if seg.next_offset > view.first_uncleanable:
             break
         if seg.next_offset <= first_dirty:
             clean += seg.size
         else:
+            if not dirty:
+                first_dirty_timestamp = seg.largest_timestamp
             dirty += seg.size
     if dirty == 0:
         return None
     ratio = dirty / (clean + dirty)
-    due = (view.max_compaction_lag_ms < (1 << 62) and view.first_dirty_timestamp >= 0
-           and now_ms - view.first_dirty_timestamp > view.max_compaction_lag_ms)
+    # KIP-354 measures from the dirty section's earliest record; the first dirty segment's largest timestamp
+    # bounds it from above, so a partition is due at the latest one segment's time span late.
+    due = (view.max_compaction_lag_ms < (1 << 62) and first_dirty_timestamp >= 0
+           and now_ms - first_dirty_timestamp > view.max_compaction_lag_ms)
     if ratio < view.min_cleanable_ratio and not due:
         return None
     return Candidate(view, first_dirty, ratio, due)
@@ -115,34 +121,63 @@ class CleanerStats:
     uncleanable: set[Key] = field(default_factory=set)  # uncleanable-partitions-count
 
 
+def _die_with_parent(parent: int) -> None:
+    """In a worker: exit once the broker is gone. A worker blocked on the executor's queue does not notice a
+    SIGKILLed broker by itself, and would otherwise stay behind for good."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(0)
+
+    threading.Thread(target=watch, name="oncelog-cleaner-parent-watch", daemon=True).start()
+
+
 class LogCleaner:
     """The cleaner of one data directory; `start` on the loop, `stop` before the logs close."""
 
     def __init__(self, data_dir: str | os.PathLike, logs: Callable[[], Iterable[CleanableLog]], *,
-                 executor: Executor, backoff_ms: int, dedupe_buffer_bytes: int,
+                 workers: int, backoff_ms: int, dedupe_buffer_bytes: int,
                  now_ms: Callable[[], int] | None = None) -> None:
         self.checkpoint_path = os.path.join(os.fspath(data_dir), CHECKPOINT_FILE)
         self._logs = logs
-        self._executor = executor
+        self._workers = workers
+        self._executor: Executor | None = None  # worker processes, started with the first round
         self.backoff_ms = backoff_ms
         self.dedupe_buffer_bytes = dedupe_buffer_bytes
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self.checkpoints: dict[Key, int] = read_checkpoint(self.checkpoint_path)
         self.stats = CleanerStats()
         self._task: asyncio.Task | None = None
+        self._running: dict[Key, asyncio.Task] = {}  # rounds in progress, one per partition at most
         self._wake = asyncio.Event()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run(), name="oncelog-log-cleaner")
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            try:
-                await self._task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 - stopping: its errors were logged
-                pass
-            self._task = None
+        """Stop between rounds or abandon the one in progress (its scratch files go at the next load)."""
+        tasks = [t for t in (self._task, *self._running.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)  # stopping: their errors were logged
+        self._task = None
+        self._running.clear()
+        if self._executor is not None:
+            # A round in a worker is abandoned, not waited for (its scratch files go at the next load): the
+            # executor keeps no public way to stop a running call, so its processes are terminated.
+            for process in list(getattr(self._executor, "_processes", {}).values()):
+                process.terminate()
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+    def _pool(self) -> Executor:
+        if self._executor is None:
+            # spawn, not fork: a forked child would inherit the event loop's sockets and the broker's fds.
+            self._executor = ProcessPoolExecutor(self._workers, mp_context=multiprocessing.get_context("spawn"),
+                                                 initializer=_die_with_parent, initargs=(os.getpid(),))
+        return self._executor
 
     def wake(self) -> None:
         """Look again now (a config change, a test)."""
@@ -155,38 +190,52 @@ class LogCleaner:
         self.stats.uncleanable.discard(key)
 
     async def _run(self) -> None:
+        """Keep up to log.cleaner.threads rounds running, each on another partition (Kafka's cleaner threads);
+        look again when one ends, when woken, or after log.cleaner.backoff.ms."""
         while True:
             try:
-                cleaned = await self.clean_once()
+                self._start_rounds()
             except asyncio.CancelledError:
                 raise
             except Exception:  # noqa: BLE001 - one bad pass must not end the cleaner
                 log.exception("log cleaner pass failed")
-                cleaned = False
-            if not cleaned:
-                self._wake.clear()
-                try:
-                    await asyncio.wait_for(self._wake.wait(), self.backoff_ms / 1000)
-                except TimeoutError:
-                    pass
+            self._wake.clear()
+            waits: list[asyncio.Future] = [asyncio.ensure_future(self._wake.wait()), *self._running.values()]
+            try:
+                await asyncio.wait(waits, timeout=self.backoff_ms / 1000, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                waits[0].cancel()
 
-    async def clean_once(self) -> bool:
-        """One pass: clean the dirtiest partition, if any; True if a round ran."""
+    def _start_rounds(self) -> int:
+        """One pass: start a round on each of the dirtiest partitions not being cleaned, while workers are
+        free; the number started."""
+        for key in [k for k, t in self._running.items() if t.done()]:
+            del self._running[key]
         now = self._now_ms()
         candidates = []
+        seen: set[Key] = set()
         for plog in self._logs():
             view = plog.cleaner_view(now)
-            if view is None or view.key in self.stats.uncleanable:
+            if view is None:
+                continue
+            seen.add(view.key)
+            if view.key in self.stats.uncleanable or view.key in self._running:
                 continue
             c = candidate(view, self.checkpoints.get(view.key), now)
             if c is not None:
                 candidates.append((c, plog))
         self.stats.max_dirty_percent = 100 * max((c.ratio for c, _ in candidates), default=0.0)
-        best = choose(c for c, _ in candidates)
-        if best is None:
-            return False
-        plog = next(p for c, p in candidates if c is best)
-        return await self._clean(best, plog, now)
+        self._prune(seen | set(self._running))
+        started = 0
+        while candidates and len(self._running) < self._workers:
+            best = choose(c for c, _ in candidates)
+            assert best is not None
+            plog = next(p for c, p in candidates if c is best)
+            candidates = [(c, p) for c, p in candidates if c is not best]
+            self._running[best.view.key] = asyncio.get_running_loop().create_task(
+                self._clean(best, plog, now), name=f"oncelog-clean-{best.view.key[0]}-{best.view.key[1]}")
+            started += 1
+        return started
 
     async def _clean(self, c: Candidate, plog: CleanableLog, now: int) -> bool:
         view = c.view
@@ -198,7 +247,7 @@ class LogCleaner:
             aborted=view.aborted, segment_bytes=view.segment_bytes, max_index_bytes=view.max_index_bytes,
             index_interval_bytes=view.index_interval_bytes)
         try:
-            result = await asyncio.get_running_loop().run_in_executor(self._executor, run_round, req)
+            result = await asyncio.get_running_loop().run_in_executor(self._pool(), run_round, req)
         except UncleanableError as exc:
             self.stats.uncleanable.add(view.key)
             log.error("%s-%d: marked uncleanable, not cleaned again until the broker restarts: %s", topic, index, exc)
@@ -206,9 +255,22 @@ class LogCleaner:
         except FileNotFoundError as exc:  # a segment went (retention, truncation) before the worker read it
             log.info("%s-%d: clean given up, the log changed under it (%s); tried again later", topic, index, exc)
             return False
+        except BrokenProcessPool as exc:  # a worker died (killed, out of memory): new workers next round
+            log.error("%s-%d: the cleaner's worker process died (%s); tried again later", topic, index, exc)
+            self._executor = None
+            return False
+        except Exception:  # noqa: BLE001 - a bug or an I/O error of one round must not stop the others
+            self.stats.uncleanable.add(view.key)
+            log.exception("%s-%d: cleaning failed; marked uncleanable until the broker restarts", topic, index)
+            return False
         if not result.groups:
             return False
-        if not plog.replace_cleaned(result, view.generation):
+        try:
+            swapped = plog.replace_cleaned(result, view.generation)
+        except Exception:  # noqa: BLE001 - the log went offline (its own error says why); others go on
+            log.exception("%s-%d: swapping in the cleaned segments failed", topic, index)
+            return False
+        if not swapped:
             log.info("%s-%d: cleaned segments dropped, the log changed meanwhile; tried again later", topic, index)
             return False
         self.checkpoints[view.key] = result.end_offset
@@ -219,6 +281,15 @@ class LogCleaner:
                  result.records_kept, result.records_kept + result.records_removed, result.bytes_read / 1e6,
                  result.bytes_written / 1e6, c.ratio)
         return True
+
+    def _prune(self, seen: set[Key]) -> None:
+        """Progress of partitions gone or no longer compacted means nothing: a topic of the same name made
+        later starts from its log start."""
+        gone = [key for key in self.checkpoints if key not in seen]
+        for key in gone:
+            del self.checkpoints[key]
+        if gone:
+            self._write_checkpoint()
 
     def _account(self, result: RoundResult) -> None:
         stats = self.stats

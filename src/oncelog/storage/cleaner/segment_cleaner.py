@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from ...records.batch import BatchHeader, crc_ok, read_header
 from ..index import INT32_MAX
 from ..segment import LOG_SUFFIX, LogSegment, scan_batches, segment_path
+from ..segment_swap import SCRATCH_DIR
 from ..txn_index import SUFFIX as TXN_INDEX_SUFFIX
 from ..txn_index import AbortedTxn, encode_entries
 from .batch_filter import CleanRules, TransactionTracker, add_to_map, control_type, filter_batch
 from .offset_map import OffsetMap
 
-SCRATCH_DIR = "cleaner-scratch"  # inside the partition directory; never a legal topic-partition file name
 READ_CHUNK = 1 << 20
 OFFSET_INDEX_ENTRY = 8  # bytes of one offset-index entry (Kafka's relative offset + position)
 
@@ -50,6 +50,7 @@ class SourceSegment:
     base_offset: int
     next_offset: int  # after its last batch (its base offset when empty)
     size: int  # bytes: final, the segment is closed
+    largest_timestamp: int = -1
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,12 @@ NEVER = (1 << 63) - 1
 
 def view(sizes: list[int], *, uncleanable: int | None = None, ratio: float = 0.5, lag: int = NEVER,
          first_dirty_ts: int = -1, log_start: int = 0, key=("t", 0)) -> CleanerView:
-    segs = tuple(SourceSegment(i * 10, i * 10 + 10, s) for i, s in enumerate(sizes))
+    segs = tuple(SourceSegment(i * 10, i * 10 + 10, s, first_dirty_ts) for i, s in enumerate(sizes))
     return CleanerView(key=key, directory="unused", generation=0, log_start=log_start, segments=segs,
                        first_uncleanable=len(sizes) * 10 if uncleanable is None else uncleanable, aborted=(),
                        last_batch_of_producer={}, delete_retention_ms=0, min_cleanable_ratio=ratio,
                        max_compaction_lag_ms=lag, segment_bytes=1 << 30, max_index_bytes=1 << 20,
-                       index_interval_bytes=4096, first_dirty_timestamp=first_dirty_ts)
+                       index_interval_bytes=4096)
 
 
 def test_the_ratio_counts_clean_and_dirty_bytes_of_the_cleanable_range():

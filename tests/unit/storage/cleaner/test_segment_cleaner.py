@@ -12,9 +12,8 @@ from oncelog.config import load_broker_config
 from oncelog.records.batch import read_header
 from oncelog.records.builder import build_batch
 from oncelog.records.reader import read_batches
-from oncelog.storage.cleaner import swap
+from oncelog.storage import segment_swap as swap
 from oncelog.storage.cleaner.segment_cleaner import (
-    SCRATCH_DIR,
     CorruptSegment,
     RoundRequest,
     SourceSegment,
@@ -22,6 +21,7 @@ from oncelog.storage.cleaner.segment_cleaner import (
     run_round,
 )
 from oncelog.storage.partition_log import PartitionLog
+from oncelog.storage.segment_swap import SCRATCH_DIR
 
 NOW = 1_700_000_000_000
 KEYS = 5
