@@ -214,8 +214,7 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("log.index.interval.bytes", TYPE_INT, 4096, "Default index.interval.bytes.", at_least(0)),
         ConfigKey("log.segment.delete.delay.ms", TYPE_LONG, 60000, "Default file.delete.delay.ms.", at_least(0)),
         ConfigKey("log.cleaner.enable", TYPE_BOOLEAN, True,
-                  "Run the log cleaner on topics with cleanup.policy compact (on the single node; a cluster's "
-                  "replicas are not cleaned yet, issue 22)."),
+                  "Run the log cleaner on topics with cleanup.policy compact (every replica cleans its own copy)."),
         ConfigKey("log.cleaner.threads", TYPE_INT, 1,
                   "Worker processes that clean (the copy parses every record, so it runs outside the broker's "
                   "process).", at_least(1)),
@@ -301,6 +300,11 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   at_least(1)),
         ConfigKey("transaction.state.log.min.isr", TYPE_INT, 2, "min.insync.replicas of __transaction_state.",
                   at_least(1)),
+        ConfigKey("offsets.topic.segment.bytes", TYPE_INT, 104857600,
+                  "segment.bytes of __consumer_offsets, set when it is created: small enough that its segments "
+                  "close and the cleaner compacts them.", at_least(14)),
+        ConfigKey("transaction.state.log.segment.bytes", TYPE_INT, 104857600,
+                  "segment.bytes of __transaction_state, set when it is created.", at_least(14)),
         ConfigKey("auto.leader.rebalance.enable", TYPE_BOOLEAN, True,
                   "The controller moves leaderships back to preferred replicas when brokers are imbalanced."),
         ConfigKey("leader.imbalance.check.interval.seconds", TYPE_LONG, 300,

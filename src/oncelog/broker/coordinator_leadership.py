@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from ..cluster.replica_manager import Role
 from ..cluster.topic_plans import NewTopic
-from ..coordinator.group.store import OFFSETS_TOPIC, OFFSETS_TOPIC_CONFIG
+from ..coordinator.group.store import OFFSETS_TOPIC, offsets_topic_config
 from ..coordinator.txn.coordinator import TXN_TOPIC
 from ..errors import ErrorCode
 from .context import CoordinatorNode
@@ -32,7 +32,6 @@ if TYPE_CHECKING:
 
 INTERNAL_TOPICS = (OFFSETS_TOPIC, TXN_TOPIC)
 # Kafka's transaction.state.log.segment.bytes default: small segments keep the log's replay cheap.
-TXN_TOPIC_SEGMENT_BYTES = 104857600
 
 
 def internal_topic(config: BrokerConfig, name: str) -> NewTopic:
@@ -40,11 +39,12 @@ def internal_topic(config: BrokerConfig, name: str) -> NewTopic:
     if name == OFFSETS_TOPIC:
         return NewTopic(OFFSETS_TOPIC, config["offsets.topic.num.partitions"],
                         config["offsets.topic.replication.factor"],
-                        configs={k: str(v) for k, v in OFFSETS_TOPIC_CONFIG.items()})
+                        configs={k: str(v) for k, v in offsets_topic_config(config).items()})
     if name == TXN_TOPIC:
         return NewTopic(TXN_TOPIC, config["transaction.state.log.num.partitions"],
                         config["transaction.state.log.replication.factor"],
-                        configs={"cleanup.policy": "compact", "segment.bytes": str(TXN_TOPIC_SEGMENT_BYTES),
+                        configs={"cleanup.policy": "compact",
+                                 "segment.bytes": str(config["transaction.state.log.segment.bytes"]),
                                  "min.insync.replicas": str(config["transaction.state.log.min.isr"])})
     raise ValueError(f"{name} is not an internal topic")
 

@@ -180,17 +180,14 @@ class Broker:
             self.group_coordinator = GroupCoordinator.for_broker(self)
             self.group_coordinator.startup()
         self.flusher.start()
-        if self.cluster is None and self.config["log.cleaner.enable"]:
+        if self.config["log.cleaner.enable"]:
             # Compacted topics (__consumer_offsets and __transaction_state included) are cleaned in worker
-            # processes. A cluster's replicas are not cleaned yet (issue 22: a follower's start-over across a
-            # cleaned range is the open case), so there the logs keep every record, as before.
+            # processes; in a cluster every replica cleans its own copy, below its high watermark.
             self.cleaner = LogCleaner(self.data_dir, self.logs.all_partitions,
                                       workers=self.config["log.cleaner.threads"],
                                       backoff_ms=self.config["log.cleaner.backoff.ms"],
                                       dedupe_buffer_bytes=self.config["log.cleaner.dedupe.buffer.size"])
             self.cleaner.start()
-        elif self.cluster is not None and self.config["log.cleaner.enable"]:
-            log.warning("log cleaner: not run in cluster mode yet (issue 22); compacted topics keep every record")
         if self.txn_coordinator is not None:
             self.txn_coordinator.start()
         self.group_coordinator.start()

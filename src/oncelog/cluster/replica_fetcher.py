@@ -436,9 +436,14 @@ class SourceFetcher:
                  offset, self.leader, len(data), fp.part.log.log_end_offset)
         self._install_if_reached(fp)
 
-    def _install_if_reached(self, fp: FetchPartition) -> None:
+    def _install_if_reached(self, fp: FetchPartition, next_base: int | None = None) -> None:
         """Install the leader's producer state once this log ends exactly at its offset (not before: the batches
-        up to it would then be counted twice; not after: this replica's own replay would then decide)."""
+        up to it would then be counted twice; not after: this replica's own replay would then decide).
+
+        `next_base` is the base offset of the leader's next batch after this log's end, when a fetch brought
+        one. At or past the state's offset L while this log ends below L, the leader has no batch in between
+        (its cleaner removed them: docs/log-cleaner.md §6), so the state of L is this log's state at its end and
+        is installed there."""
         snap = fp.snapshot
         if snap is None:
             return
@@ -459,10 +464,13 @@ class SourceFetcher:
             fp.snapshot, fp.truncating = None, True
             self._back_off(fp)
             return
+        at = snap.offset
         if plog.log_end_offset != snap.offset:
-            return  # fetched up to it first
+            if next_base is None or not plog.log_end_offset < snap.offset <= next_base:
+                return  # fetched up to it first
+            at = plog.log_end_offset
         try:
-            fp.part.install_producer_state(snap.data, snap.offset)
+            fp.part.install_producer_state(snap.data, at)
         except (ValueError, KafkaError, OSError) as exc:
             log.error("%s-%d: installing the producer state of broker %d at %d failed: %s", topic, index,
                       self.leader, snap.offset, exc)
@@ -616,8 +624,9 @@ class SourceFetcher:
                             fp.snapshot = None
                             self._back_off(fp)
                             break
-                        if plog.log_end_offset == snap.offset:
-                            self._install_if_reached(fp)  # before the batches after it
+                        if plog.log_end_offset == snap.offset or (
+                                plog.log_end_offset < snap.offset <= header.base_offset):
+                            self._install_if_reached(fp, header.base_offset)  # before the batches after it
                             if fp.needs_snapshot:
                                 break  # not installed: nothing goes past it
                     if header.magic != 2 or not crc_ok(buf, pos, header):

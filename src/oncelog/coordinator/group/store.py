@@ -24,6 +24,7 @@ from ..partitioning import partition_for
 from .settings import OFFSET_COMMIT_TIMEOUT_MS
 
 if TYPE_CHECKING:
+    from ...config import BrokerConfig
     from ...storage.flusher import GroupCommitFlusher
     from ...storage.log_manager import LogManager
     from ...storage.partition import Partition
@@ -33,7 +34,10 @@ log = logging.getLogger(__name__)
 
 OFFSETS_TOPIC = "__consumer_offsets"
 # Kafka's offsets.topic.segment.bytes default: small segments keep compaction (and our replay) cheap.
-OFFSETS_TOPIC_CONFIG = {"cleanup.policy": "compact", "segment.bytes": 104857600}
+def offsets_topic_config(config: BrokerConfig) -> dict[str, object]:
+    """The topic settings __consumer_offsets is created with: compacted, segments of offsets.topic.segment.bytes
+    (Kafka's 100 MiB by default) so that closed segments exist for the cleaner."""
+    return {"cleanup.policy": "compact", "segment.bytes": config["offsets.topic.segment.bytes"]}
 SEQUENCE_SPACE = 1 << 31
 # Leadership answers of the partition access that mean "this broker is not the coordinator any more".
 _NOT_LEADER = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
@@ -131,7 +135,8 @@ class OffsetsTopic:
         """The single node: create the topic on first start; afterwards its partition count is what it was
         created with."""
         if OFFSETS_TOPIC not in self.logs.topics:
-            self.logs.create_topic(OFFSETS_TOPIC, self.partitions, OFFSETS_TOPIC_CONFIG, internal=True)
+            self.logs.create_topic(OFFSETS_TOPIC, self.partitions, offsets_topic_config(self.logs.config),
+                                   internal=True)
             log.info("created %s with %d partitions", OFFSETS_TOPIC, self.partitions)
         self.adopt_partition_count()
 

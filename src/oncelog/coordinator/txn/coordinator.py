@@ -125,7 +125,9 @@ class TransactionCoordinator:
         producer do not carry its partitions."""
         logs = self.broker.logs
         if TXN_TOPIC not in logs.topics:
-            logs.create_topic(TXN_TOPIC, self.partitions, {"cleanup.policy": "compact"}, internal=True)
+            logs.create_topic(TXN_TOPIC, self.partitions, {
+                "cleanup.policy": "compact", "segment.bytes": logs.config["transaction.state.log.segment.bytes"]},
+                internal=True)
 
     def startup(self) -> None:
         """The single node: own every partition of the transaction log at epoch 0, loaded now (before the broker
