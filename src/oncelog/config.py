@@ -99,6 +99,10 @@ def one_of(*choices: str) -> Callable[[Any], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
 
+def positive(v: float) -> str | None:
+    return None if v > 0 else "must be greater than 0"
+
+
 def fraction(v: float) -> str | None:
     return None if 0.0 <= v <= 1.0 else "must be between 0 and 1"
 
@@ -223,6 +227,9 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("log.cleaner.dedupe.buffer.size", TYPE_LONG, 134217728,
                   "Offset map budget of one round, in bytes (24 bytes a key, as Kafka counts it).",
                   at_least(1024 * 1024)),
+        ConfigKey("log.cleaner.io.max.bytes.per.second", TYPE_DOUBLE, 1.7976931348623157e308,
+                  "Bytes a second the cleaner may read and write, all workers together (each gets its share).",
+                  positive),
         ConfigKey("log.cleaner.min.cleanable.ratio", TYPE_DOUBLE, 0.5, "Default min.cleanable.dirty.ratio.",
                   fraction),
         ConfigKey("log.cleaner.delete.retention.ms", TYPE_LONG, 86400000, "Default delete.retention.ms.",

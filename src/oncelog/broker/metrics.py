@@ -109,6 +109,55 @@ class _TransactionCollector:
         yield from (states, outcomes, late)
 
 
+class _CleanerCollector:
+    """The log cleaner's figures under Kafka's names (kafka.log:type=LogCleaner / LogCleanerManager), read at
+    scrape time; nothing when the cleaner is off."""
+
+    def __init__(self, cleaner: Callable[[], Any], log_dir: str) -> None:
+        self._cleaner = cleaner
+        self._log_dir = log_dir
+
+    def collect(self):
+        cleaner = self._cleaner()
+        if cleaner is None:
+            return
+        stats = cleaner.stats
+        p = "oncelog_log_cleaner_"
+
+        def gauge(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> GaugeMetricFamily:
+            g = GaugeMetricFamily(p + name, doc, labels=list(labels or {}))
+            g.add_metric(list((labels or {}).values()), value)
+            return g
+
+        since = (time.monotonic() - stats.last_pass_monotonic) * 1000 if stats.last_pass_monotonic else 0.0
+        uncleanable = list(stats.uncleanable.values())
+        yield gauge("max_dirty_percent", "max-dirty-percent: the highest dirty ratio of the last pass, in %",
+                    stats.max_dirty_percent)
+        yield gauge("time_since_last_run_ms", "time-since-last-run-ms: since the cleaner last looked at the logs",
+                    since)
+        yield gauge("max_clean_time_secs", "max-clean-time-secs: the longest of the workers' last rounds",
+                    stats.max_clean_time_secs)
+        yield gauge("cleaner_recopy_percent", "cleaner-recopy-percent: bytes written / bytes read of the workers' "
+                    "last rounds, in %", stats.recopy_percent)
+        yield gauge("max_buffer_utilization_percent", "max-buffer-utilization-percent: offset map fill of the "
+                    "workers' last rounds, in %", stats.max_buffer_utilization_percent)
+        yield gauge("max_compaction_delay_secs", "max-compaction-delay-secs: how far past max.compaction.lag.ms "
+                    "the rounds of the last pass started", stats.max_compaction_delay_ms / 1000)
+        yield gauge("uncleanable_partitions_count", "uncleanable-partitions-count: partitions the cleaner gave up "
+                    "on until a restart", len(uncleanable), {"log_dir": self._log_dir})
+        yield gauge("uncleanable_bytes", "uncleanable-bytes: bytes of the closed segments of those partitions",
+                    sum(uncleanable), {"log_dir": self._log_dir})
+        rounds = CounterMetricFamily(p + "rounds", "Cleaning rounds swapped in")
+        rounds.add_metric([], stats.rounds)
+        read = CounterMetricFamily(p + "read_bytes", "Bytes the cleaner read (map and copy)")
+        read.add_metric([], stats.bytes_read)
+        written = CounterMetricFamily(p + "written_bytes", "Bytes of cleaned segments written")
+        written.add_metric([], stats.bytes_written)
+        busy = CounterMetricFamily(p + "busy_seconds", "Time spent in rounds by the worker processes")
+        busy.add_metric([], stats.seconds)
+        yield from (rounds, read, written, busy)
+
+
 class BrokerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -141,6 +190,9 @@ class BrokerMetrics:
 
     def watch_transactions(self, broker: Any) -> None:
         self.registry.register(_TransactionCollector(broker))
+
+    def watch_cleaner(self, cleaner: Callable[[], Any], log_dir: str) -> None:
+        self.registry.register(_CleanerCollector(cleaner, log_dir))
 
     def serve(self, host: str, port: int) -> int:
         server, _thread = start_http_server(port, addr=host, registry=self.registry)

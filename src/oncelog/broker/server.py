@@ -186,7 +186,8 @@ class Broker:
             self.cleaner = LogCleaner(self.data_dir, self.logs.all_partitions,
                                       workers=self.config["log.cleaner.threads"],
                                       backoff_ms=self.config["log.cleaner.backoff.ms"],
-                                      dedupe_buffer_bytes=self.config["log.cleaner.dedupe.buffer.size"])
+                                      dedupe_buffer_bytes=self.config["log.cleaner.dedupe.buffer.size"],
+                                      io_max_bytes_per_second=self.config["log.cleaner.io.max.bytes.per.second"])
             self.cleaner.start()
         if self.txn_coordinator is not None:
             self.txn_coordinator.start()
@@ -202,6 +203,7 @@ class Broker:
         if self.metrics_listen is not None:
             self.metrics.watch_partitions(self._partition_snapshot, self.logs.all_partitions)
             self.metrics.watch_transactions(self)
+            self.metrics.watch_cleaner(lambda: self.cleaner, str(self.data_dir))
             self.metrics_port = self.metrics.serve(*self.metrics_listen)
         self._tasks = [
             loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),

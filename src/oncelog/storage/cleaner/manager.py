@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import multiprocessing
 import os
 import time
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -73,6 +75,7 @@ class Candidate:
     first_dirty: int
     ratio: float
     due: bool  # past max.compaction.lag.ms
+    compaction_delay_ms: int = 0  # how far past max.compaction.lag.ms (max-compaction-delay-secs)
 
 
 def candidate(view: CleanerView, checkpoint: int | None, now_ms: int) -> Candidate | None:
@@ -100,7 +103,8 @@ def candidate(view: CleanerView, checkpoint: int | None, now_ms: int) -> Candida
            and now_ms - first_dirty_timestamp > view.max_compaction_lag_ms)
     if ratio < view.min_cleanable_ratio and not due:
         return None
-    return Candidate(view, first_dirty, ratio, due)
+    delay = now_ms - first_dirty_timestamp - view.max_compaction_lag_ms if due else 0
+    return Candidate(view, first_dirty, ratio, due, delay)
 
 
 def choose(candidates: Iterable[Candidate]) -> Candidate | None:
@@ -110,15 +114,31 @@ def choose(candidates: Iterable[Candidate]) -> Candidate | None:
 
 @dataclass(slots=True)
 class CleanerStats:
-    """What the metrics show (Kafka's names in comments)."""
+    """What the metrics show (broker/metrics.py), with Kafka's meaning: the per-round figures are those of the
+    last round of each of the log.cleaner.threads workers, as Kafka's are those of each thread's last clean."""
 
-    max_dirty_percent: float = 0.0  # max-dirty-percent, of the last pass
-    max_clean_time_secs: float = 0.0  # max-clean-time-secs
-    recopy_percent: float = 0.0  # cleaner-recopy-percent, of the last round
+    max_dirty_percent: float = 0.0  # max-dirty-percent: of the last pass over the logs
+    max_compaction_delay_ms: int = 0  # max-compaction-delay-secs: of the rounds the last pass started
+    last_pass_monotonic: float = 0.0  # time-since-last-run-ms
+    last_rounds: deque[RoundResult] = field(default_factory=lambda: deque(maxlen=1))
     rounds: int = 0
     bytes_read: int = 0
     bytes_written: int = 0
-    uncleanable: set[Key] = field(default_factory=set)  # uncleanable-partitions-count
+    seconds: float = 0.0  # spent in rounds (worker time, throttling included)
+    uncleanable: dict[Key, int] = field(default_factory=dict)  # uncleanable-partitions-count / -bytes
+
+    @property
+    def max_clean_time_secs(self) -> float:  # max-clean-time-secs
+        return max((r.seconds for r in self.last_rounds), default=0.0)
+
+    @property
+    def recopy_percent(self) -> float:  # cleaner-recopy-percent: the mean over the workers' last rounds
+        ratios = [r.bytes_written / r.bytes_read for r in self.last_rounds if r.bytes_read]
+        return 100 * sum(ratios) / len(ratios) if ratios else 0.0
+
+    @property
+    def max_buffer_utilization_percent(self) -> float:  # max-buffer-utilization-percent
+        return max((100 * r.map_keys / r.map_capacity for r in self.last_rounds if r.map_capacity), default=0.0)
 
 
 def _die_with_parent(parent: int) -> None:
@@ -139,16 +159,17 @@ class LogCleaner:
 
     def __init__(self, data_dir: str | os.PathLike, logs: Callable[[], Iterable[CleanableLog]], *,
                  workers: int, backoff_ms: int, dedupe_buffer_bytes: int,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 io_max_bytes_per_second: float = math.inf, now_ms: Callable[[], int] | None = None) -> None:
         self.checkpoint_path = os.path.join(os.fspath(data_dir), CHECKPOINT_FILE)
         self._logs = logs
         self._workers = workers
         self._executor: Executor | None = None  # worker processes, started with the first round
         self.backoff_ms = backoff_ms
         self.dedupe_buffer_bytes = dedupe_buffer_bytes
+        self.io_max_bytes_per_second = io_max_bytes_per_second
         self._now_ms = now_ms or (lambda: int(time.time() * 1000))
         self.checkpoints: dict[Key, int] = read_checkpoint(self.checkpoint_path)
-        self.stats = CleanerStats()
+        self.stats = CleanerStats(last_rounds=deque(maxlen=workers))
         self._task: asyncio.Task | None = None
         self._running: dict[Key, asyncio.Task] = {}  # rounds in progress, one per partition at most
         self._wake = asyncio.Event()
@@ -187,7 +208,7 @@ class LogCleaner:
         """A partition deleted or started over: its progress means nothing any more."""
         if self.checkpoints.pop(key, None) is not None:
             self._write_checkpoint()
-        self.stats.uncleanable.discard(key)
+        self.stats.uncleanable.pop(key, None)
 
     async def _run(self) -> None:
         """Keep up to log.cleaner.threads rounds running, each on another partition (Kafka's cleaner threads);
@@ -225,8 +246,10 @@ class LogCleaner:
             if c is not None:
                 candidates.append((c, plog))
         self.stats.max_dirty_percent = 100 * max((c.ratio for c, _ in candidates), default=0.0)
+        self.stats.last_pass_monotonic = time.monotonic()
         self._prune(seen | set(self._running))
         started = 0
+        delay = 0
         while candidates and len(self._running) < self._workers:
             best = choose(c for c, _ in candidates)
             assert best is not None
@@ -235,6 +258,9 @@ class LogCleaner:
             self._running[best.view.key] = asyncio.get_running_loop().create_task(
                 self._clean(best, plog, now), name=f"oncelog-clean-{best.view.key[0]}-{best.view.key[1]}")
             started += 1
+            delay = max(delay, best.compaction_delay_ms)
+        if started:
+            self.stats.max_compaction_delay_ms = delay
         return started
 
     async def _clean(self, c: Candidate, plog: CleanableLog, now: int) -> bool:
@@ -245,11 +271,12 @@ class LogCleaner:
             first_uncleanable=view.first_uncleanable, dedupe_buffer_bytes=self.dedupe_buffer_bytes, now_ms=now,
             delete_retention_ms=view.delete_retention_ms, last_batch_of_producer=view.last_batch_of_producer,
             aborted=view.aborted, segment_bytes=view.segment_bytes, max_index_bytes=view.max_index_bytes,
-            index_interval_bytes=view.index_interval_bytes)
+            index_interval_bytes=view.index_interval_bytes,
+            io_max_bytes_per_second=self.io_max_bytes_per_second / self._workers)
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._pool(), run_round, req)
         except UncleanableError as exc:
-            self.stats.uncleanable.add(view.key)
+            self.stats.uncleanable[view.key] = sum(s.size for s in view.segments)
             log.error("%s-%d: marked uncleanable, not cleaned again until the broker restarts: %s", topic, index, exc)
             return False
         except FileNotFoundError as exc:  # a segment went (retention, truncation) before the worker read it
@@ -260,7 +287,7 @@ class LogCleaner:
             self._executor = None
             return False
         except Exception:  # noqa: BLE001 - a bug or an I/O error of one round must not stop the others
-            self.stats.uncleanable.add(view.key)
+            self.stats.uncleanable[view.key] = sum(s.size for s in view.segments)
             log.exception("%s-%d: cleaning failed; marked uncleanable until the broker restarts", topic, index)
             return False
         if not result.groups:
@@ -277,9 +304,10 @@ class LogCleaner:
         self._write_checkpoint()
         self._account(result)
         log.info("%s-%d: cleaned offsets %d-%d in %.2f s: %d of %d records kept, %.1f MB read, %.1f MB written "
-                 "(dirty ratio %.2f)", topic, index, c.first_dirty, result.end_offset, result.seconds,
+                 "(dirty ratio %.2f%s)", topic, index, c.first_dirty, result.end_offset, result.seconds,
                  result.records_kept, result.records_kept + result.records_removed, result.bytes_read / 1e6,
-                 result.bytes_written / 1e6, c.ratio)
+                 result.bytes_written / 1e6, c.ratio,
+                 f", {result.throttled_seconds:.2f} s throttled" if result.throttled_seconds >= 0.01 else "")
         return True
 
     def _prune(self, seen: set[Key]) -> None:
@@ -296,8 +324,8 @@ class LogCleaner:
         stats.rounds += 1
         stats.bytes_read += result.bytes_read
         stats.bytes_written += result.bytes_written
-        stats.max_clean_time_secs = max(stats.max_clean_time_secs, result.seconds)
-        stats.recopy_percent = 100 * result.bytes_written / result.bytes_read if result.bytes_read else 0.0
+        stats.seconds += result.seconds
+        stats.last_rounds.append(result)
 
     def _write_checkpoint(self) -> None:
         try:

@@ -15,6 +15,7 @@ replica never rewrites a batch its leader could still cut or a transaction could
 
 from __future__ import annotations
 
+import math
 import os
 import time
 from collections.abc import Iterator
@@ -28,6 +29,7 @@ from ..txn_index import SUFFIX as TXN_INDEX_SUFFIX
 from ..txn_index import AbortedTxn, encode_entries
 from .batch_filter import CleanRules, TransactionTracker, add_to_map, control_type, filter_batch
 from .offset_map import OffsetMap
+from .throttler import Throttler
 
 READ_CHUNK = 1 << 20
 OFFSET_INDEX_ENTRY = 8  # bytes of one offset-index entry (Kafka's relative offset + position)
@@ -67,6 +69,7 @@ class RoundRequest:
     segment_bytes: int
     max_index_bytes: int
     index_interval_bytes: int
+    io_max_bytes_per_second: float = math.inf  # this round's share of log.cleaner.io.max.bytes.per.second
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +90,8 @@ class RoundResult:
     records_removed: int
     seconds: float
     map_keys: int = 0
+    map_capacity: int = 0
+    throttled_seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
 
@@ -144,8 +149,10 @@ def _batches(directory: str, seg: SourceSegment) -> Iterator[tuple[memoryview, B
         raise CorruptSegment(f"{path}: batches end at position {end}, the segment at {seg.size}")
 
 
-def build_offset_map(req: RoundRequest, segments: list[SourceSegment]) -> tuple[OffsetMap, int, int]:
+def build_offset_map(req: RoundRequest, segments: list[SourceSegment],
+                     throttler: Throttler | None = None) -> tuple[OffsetMap, int, int]:
     """The map over the dirty part of `segments`: (map, the round's end offset, bytes read)."""
+    throttler = throttler or Throttler(req.io_max_bytes_per_second)
     offset_map = OffsetMap(req.dedupe_buffer_bytes)
     tracker = TransactionTracker(req.aborted)
     end = segments[-1].next_offset if segments else req.first_dirty
@@ -157,6 +164,7 @@ def build_offset_map(req: RoundRequest, segments: list[SourceSegment]) -> tuple[
             if header.last_offset < req.first_dirty:
                 continue
             read += header.size
+            throttler.account(header.size)
             if header.is_control:
                 tracker.control_batch(header, control_type(body, header))
                 continue
@@ -176,7 +184,8 @@ def run_round(req: RoundRequest) -> RoundResult:
     segments = cleanable(req.segments, req.first_uncleanable)
     if not segments or segments[-1].next_offset <= req.first_dirty:
         return RoundResult(req.first_dirty, (), 0, 0, 0, 0, time.monotonic() - started)
-    offset_map, end, read = build_offset_map(req, segments)
+    throttler = Throttler(req.io_max_bytes_per_second)
+    offset_map, end, read = build_offset_map(req, segments, throttler)
     to_clean = [s for s in segments if s.base_offset < end]
     scratch = os.path.join(req.directory, SCRATCH_DIR)
     os.makedirs(scratch, exist_ok=True)
@@ -193,6 +202,7 @@ def run_round(req: RoundRequest) -> RoundResult:
             for seg in group:
                 for body, header in _batches(req.directory, seg):
                     read += header.size
+                    throttler.account(header.size)
                     result = filter_batch(body, rules, tracker)
                     kept += result.records_kept
                     removed += result.records_removed
@@ -200,6 +210,7 @@ def run_round(req: RoundRequest) -> RoundResult:
                         continue
                     data = result.data
                     out.append(data, header.last_offset, read_header(data).max_timestamp, len(data))
+                    throttler.account(len(data))
             out.seal_time_index()
             out.offset_index.write_pending()
             out.time_index.write_pending()
@@ -214,7 +225,8 @@ def run_round(req: RoundRequest) -> RoundResult:
         groups.append(CleanedGroup(base, tuple(s.base_offset for s in group), size, group[-1].next_offset))
     _fsync_dir(scratch)
     return RoundResult(end, tuple(groups), read, written, kept, removed, time.monotonic() - started,
-                       map_keys=len(offset_map))
+                       map_keys=len(offset_map), map_capacity=offset_map.capacity,
+                       throttled_seconds=throttler.slept)
 
 
 def _write_file(path: str, data: bytes) -> None:
