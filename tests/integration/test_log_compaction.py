@@ -11,7 +11,19 @@ from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
-from tests.integration.helpers import Out, ck_consume, ck_produce, create_topic, kp_consume, wait_until
+from tests.integration.helpers import (
+    Out,
+    ck_consume,
+    ck_produce,
+    create_topic,
+    fetch_raw,
+    kp_consume,
+    wait_until,
+)
+from tests.integration.test_idempotence_rules import producers_of
+from tests.support.wire import Wire
+
+from oncelog.records.batch import read_header
 
 KEYS = 60
 UPDATES = 10
@@ -234,3 +246,71 @@ def test_a_sigkill_at_each_step_of_the_swap_loses_nothing(broker_factory, topic_
     names = os.listdir(Path(broker.data_dir) / f"{topic_name}-0")
     assert not [n for n in names if n.endswith((".swap", ".swapend"))] and "cleaner-scratch" not in names
     cleaned_to(broker, topic_name, KEYS * UPDATES // 3)  # and the cleaner goes on after the restart
+
+
+def _batches_of(bootstrap: str, topic: str) -> list:
+    """Every batch header of partition 0 from offset 0, as the broker serves them."""
+    headers, offset = [], 0
+    with Wire(bootstrap) as w:
+        while True:
+            buf = bytes(fetch_raw(w, topic, 0, offset).records or b"")
+            pos = 0
+            while pos + 61 <= len(buf):
+                h = read_header(buf, pos)
+                if pos + h.size > len(buf):
+                    break
+                headers.append(h)
+                pos += h.size
+            if pos == 0:
+                return headers
+            offset = headers[-1].last_offset + 1
+
+
+def test_the_marker_that_bumped_an_epoch_survives_cleans_and_a_replay(broker_factory, topic_name):
+    """A transaction that times out is aborted by the coordinator with the producer's epoch bumped: that marker is
+    the only record of the new epoch. Cleaning removes the aborted data and, past delete.retention.ms, markers;
+    this one stays, so producer state rebuilt from the cleaned log (no snapshot) still has the bumped epoch."""
+    broker = broker_factory({**CLEANER, "transaction.abort.timed.out.transaction.cleanup.interval.ms": 200})
+    create_topic(broker.bootstrap, topic_name, config={**COMPACTED, "delete.retention.ms": "0"})
+    txn = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": f"{topic_name}-tx",
+                    "transaction.timeout.ms": 1000})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    txn.produce(topic_name, key=b"key-000", value=b"never committed")
+    txn.flush(30)
+    with Wire(broker.bootstrap) as w:
+        ((pid, _state),) = wait_until(
+            lambda: [(p, s) for p, s in producers_of(w, topic_name).items()
+                     if s.producer_epoch == 1 and s.current_txn_start_offset == -1],
+            timeout=30, interval=0.2, what="the timed-out transaction aborted with the epoch bumped to 1")
+    del txn  # fenced by the bump; nothing of it is pending
+
+    def batches_of_pid():
+        return [h for h in _batches_of(broker.bootstrap, topic_name) if h.producer_id == pid]
+
+    # Each wave of updates makes the log dirty, so a round runs over the whole log again: the first removes the
+    # aborted data, the next stamps the marker's delete horizon (now + 0), the ones after find it due.
+    stamped_in_wave = None
+    for wave in range(6):
+        latest = produce_updates(broker.bootstrap, topic_name, tag=f"w{wave}")
+        cleaned_to(broker, topic_name, KEYS * UPDATES // 3)
+        hs = batches_of_pid()
+        if stamped_in_wave is None and all(h.is_control and h.attributes & 0x40 for h in hs):
+            stamped_in_wave = wave
+        if stamped_in_wave is not None and wave >= stamped_in_wave + 2:
+            break
+    assert stamped_in_wave is not None and wave >= stamped_in_wave + 2, "the marker was never stamped"
+    # Two cleans past its horizon: a marker of an epoch that data batches carry would be gone; this one stays.
+    (marker,) = batches_of_pid()
+    assert marker.is_control and marker.producer_epoch == 1 and marker.record_count == 1
+    assert {k: v for k, (_o, v) in latest_of(ck_consume(broker.bootstrap, topic_name, {0: 0})).items()} == \
+        {k: v for k, (_o, v) in latest.items()}
+
+    # Producer state rebuilt from the cleaned log alone: the bumped epoch is still known.
+    broker.stop()
+    for snap in (Path(broker.data_dir) / f"{topic_name}-0").glob("*.snapshot"):
+        snap.unlink()
+    broker.start()
+    with Wire(broker.bootstrap) as w:
+        rebuilt = producers_of(w, topic_name)
+    assert pid in rebuilt and rebuilt[pid].producer_epoch == 1

@@ -358,6 +358,8 @@ class Partition:
             aborted=tuple(t for t in self.txn_index.entries if t.last_offset >= first),
             last_batch_of_producer={pid: e.last_offset for pid, e in self.producers.entries.items()
                                     if e.last_offset >= 0},
+            marker_epoch_of_producer={pid: e.epoch for pid, e in self.producers.entries.items()
+                                      if e.last_offset < 0 and e.epoch >= 0},
             delete_retention_ms=config["delete.retention.ms"],
             min_cleanable_ratio=config["min.cleanable.dirty.ratio"],
             max_compaction_lag_ms=config["max.compaction.lag.ms"], segment_bytes=config["segment.bytes"],

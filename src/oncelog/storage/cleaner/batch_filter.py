@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ...records.batch import (
     COMPRESSION_MASK,
@@ -103,6 +103,10 @@ class CleanRules:
     delete_retention_ms: int
     # producer id -> last offset of that producer's newest batch in the whole log: that batch always stays.
     last_batch_of_producer: Mapping[int, int]
+    # producer id -> epoch, for producers whose newest entry is a marker that bumped the epoch (no data batch of
+    # that epoch): their markers of that epoch stay, so a replica that replays the cleaned log still fences the
+    # older epoch.
+    marker_epoch_of_producer: Mapping[int, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +173,11 @@ def filter_batch(batch: memoryview, rules: CleanRules, tracker: TransactionTrack
             return Filtered(_rebuild(batch, header, records, new_horizon), count, 0)
         if horizon is not None and horizon > rules.now_ms:
             return Filtered(batch, count, 0)
-        return Filtered(_empty(header) if last_of_producer else None, 0, count)
+        if rules.marker_epoch_of_producer.get(header.producer_id) == header.producer_epoch:
+            # The marker that set its producer's epoch stays whole (Kafka keeps it as an empty batch, which a
+            # replay skips): a replica that rebuilds producer state from this log still fences older epochs.
+            return Filtered(batch, count, 0)
+        return Filtered(None, 0, count)
 
     if tracker.data_batch(header):
         return Filtered(_empty(header) if last_of_producer else None, 0, count)

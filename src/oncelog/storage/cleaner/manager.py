@@ -57,6 +57,7 @@ class CleanerView:
     segment_bytes: int
     max_index_bytes: int
     index_interval_bytes: int
+    marker_epoch_of_producer: dict[int, int] = field(default_factory=dict)
 
 
 class CleanableLog(Protocol):
@@ -272,7 +273,8 @@ class LogCleaner:
             delete_retention_ms=view.delete_retention_ms, last_batch_of_producer=view.last_batch_of_producer,
             aborted=view.aborted, segment_bytes=view.segment_bytes, max_index_bytes=view.max_index_bytes,
             index_interval_bytes=view.index_interval_bytes,
-            io_max_bytes_per_second=self.io_max_bytes_per_second / self._workers)
+            io_max_bytes_per_second=self.io_max_bytes_per_second / self._workers,
+            marker_epoch_of_producer=view.marker_epoch_of_producer)
         try:
             result = await asyncio.get_running_loop().run_in_executor(self._pool(), run_round, req)
         except UncleanableError as exc:

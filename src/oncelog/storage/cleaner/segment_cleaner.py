@@ -70,6 +70,7 @@ class RoundRequest:
     max_index_bytes: int
     index_interval_bytes: int
     io_max_bytes_per_second: float = math.inf  # this round's share of log.cleaner.io.max.bytes.per.second
+    marker_epoch_of_producer: dict[int, int] = field(default_factory=dict)  # see batch_filter.CleanRules
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +190,8 @@ def run_round(req: RoundRequest) -> RoundResult:
     to_clean = [s for s in segments if s.base_offset < end]
     scratch = os.path.join(req.directory, SCRATCH_DIR)
     os.makedirs(scratch, exist_ok=True)
-    rules = CleanRules(offset_map, req.now_ms, req.delete_retention_ms, req.last_batch_of_producer)
+    rules = CleanRules(offset_map, req.now_ms, req.delete_retention_ms, req.last_batch_of_producer,
+                       req.marker_epoch_of_producer)
     tracker = TransactionTracker(req.aborted)
     groups: list[CleanedGroup] = []
     written = kept = removed = 0

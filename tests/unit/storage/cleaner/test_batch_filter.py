@@ -15,7 +15,7 @@ from oncelog.records.batch import (
     read_header,
 )
 from oncelog.records.builder import build_batch
-from oncelog.records.control import build_marker
+from oncelog.records.control import build_marker, parse_marker
 from oncelog.records.raw_records import RawRecordError, encode, walk
 from oncelog.records.reader import decode_batch_records
 from oncelog.storage.cleaner.batch_filter import (
@@ -137,12 +137,33 @@ def test_aborted_data_goes_and_its_marker_leaves_only_after_the_data_and_the_hor
     h = read_header(out.data)
     assert h.is_control and h.attributes & DELETE_HORIZON_MASK and h.base_timestamp == NOW + RETENTION
     assert t2.index == []
-    # Round 3, past the horizon: it goes, unless it is its producer's last batch (then an empty control batch).
+    # Round 3, past the horizon: it goes, unless it set its producer's epoch (no data batch of that epoch left).
     marked = memoryview(out.data)
     late = rules(m, now=NOW + RETENTION + 1)
     assert filter_batch(marked, late, TransactionTracker([txn])).data is None
-    kept = filter_batch(marked, rules(m, now=NOW + RETENTION + 1, last={5: 2}), TransactionTracker([txn]))
-    assert read_header(kept.data).record_count == 0 and read_header(kept.data).is_control
+    epoch_setter = CleanRules(m, NOW + RETENTION + 1, RETENTION, {}, {5: 0})
+    assert filter_batch(marked, epoch_setter, TransactionTracker([txn])).data is marked
+
+
+def test_a_marker_that_bumped_the_epoch_stays_whole_once_due():
+    """A producer whose newest entry is a marker of a newer epoch (a coordinator that aborted on a timeout) has no
+    data batch of that epoch: its marker of that epoch stays with its record (Kafka keeps an empty batch, which a
+    replay skips), so a replica replaying the cleaned log still knows the epoch and fences the older one; a marker
+    of an older epoch goes."""
+    old_epoch = memoryview(build_marker(5, 2, False, 0, T0, base_offset=2))
+    bumped = memoryview(build_marker(5, 3, False, 0, T0, base_offset=3))
+    late = NOW + RETENTION + 1
+
+    def due(marker):  # a first clean stamps its horizon; a clean after it applies the rules to a due marker
+        stamped = filter_batch(marker, rules(mapped()), TransactionTracker([])).data
+        return memoryview(stamped)
+
+    keep = CleanRules(mapped(), late, RETENTION, {}, {5: 3})
+    marker = due(bumped)
+    kept = filter_batch(marker, keep, TransactionTracker([]))
+    assert kept.data is marker and parse_marker(bytes(kept.data)).producer_epoch == 3
+    assert filter_batch(due(old_epoch), keep, TransactionTracker([])).data is None
+    assert filter_batch(due(bumped), CleanRules(mapped(), late, RETENTION, {}), TransactionTracker([])).data is None
 
 
 def test_a_commit_marker_stays_while_its_transaction_has_data():
