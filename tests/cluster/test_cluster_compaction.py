@@ -83,3 +83,42 @@ def newest_values(log: dict[int, bytes]) -> set[bytes]:
         value = log[offset]
         newest[value.split(b"-", 1)[1][:3]] = value
     return set(newest.values())
+
+
+def scratch_files(c, node: int) -> list[Path]:
+    return list((Path(c.brokers[node].data_dir) / f"{TOPIC}-0" / "cleaner-scratch").glob("*.log"))
+
+
+@pytest.mark.timeout(500)
+def test_a_leader_killed_in_the_middle_of_a_clean_loses_nothing(cluster_factory):
+    """The leader is SIGKILLed while its cleaner writes a round (throttled by log.cleaner.io.max.bytes.per.second
+    so the round lasts seconds; its scratch segment is on disk): a new leader takes over, the producer goes on
+    without a delivery error, the old leader comes back and rejoins the ISR, every replica cleans, and every replica holds the newest value of every acknowledged key with the
+    same record at every offset they share."""
+    c = cluster_factory(**{"log.cleaner.backoff.ms": 200, "log.cleaner.io.max.bytes.per.second": 20000})
+    create_topic(c.bootstrap, TOPIC, 1, config=COMPACTED, replication_factor=3)
+    wait_isr_whole(c, TOPIC)
+    delivery_errors: list[str] = []
+    latest: dict[bytes, bytes] = {}
+    producer = Producer({"bootstrap.servers": c.bootstrap, "enable.idempotence": True, "acks": "all",
+                         "linger.ms": 2, "batch.size": 2048, "message.timeout.ms": int(converge_s() * 1000)})
+    write(producer, range(12), latest, delivery_errors)
+    leader = partitions(c, TOPIC)[0].leader_id
+    wait_for(lambda: scratch_files(c, leader), f"broker {leader} to be writing a cleaned segment", converge_s())
+    assert not cleaned_on(c, leader)  # in the middle of its first round
+    c.kill(leader)
+    wait_for(lambda: partitions(c, TOPIC)[0].leader_id not in (leader, -1), "a new leader", converge_s())
+    write(producer, range(12, 16), latest, delivery_errors)
+    c.start_broker(leader, converge_s(c.session_timeout_ms))
+    wait_isr_whole(c, TOPIC)
+    write(producer, range(16, 18), latest, delivery_errors)
+    assert delivery_errors == []
+    for node in c.brokers:
+        wait_for(lambda n=node: cleaned_on(c, n), f"broker {node} to clean its replica", 3 * converge_s())
+    served = served_by_each(c, TOPIC, [0])
+    logs = {node: dict(log[0]) for node, log in served.items()}
+    for node, log in logs.items():
+        assert newest_values(log) == set(latest.values()), f"broker {node}"
+        for other, other_log in logs.items():
+            shared = log.keys() & other_log.keys()
+            assert {o: log[o] for o in shared} == {o: other_log[o] for o in shared}, (node, other)
