@@ -294,6 +294,7 @@ class LogCleaner:
             return False
         if not result.groups:
             return False
+        swap_started = time.perf_counter()
         try:
             swapped = plog.replace_cleaned(result, view.generation)
         except Exception:  # noqa: BLE001 - the log went offline (its own error says why); others go on
@@ -302,13 +303,14 @@ class LogCleaner:
         if not swapped:
             log.info("%s-%d: cleaned segments dropped, the log changed meanwhile; tried again later", topic, index)
             return False
+        swap_ms = (time.perf_counter() - swap_started) * 1000
         self.checkpoints[view.key] = result.end_offset
         self._write_checkpoint()
         self._account(result)
         log.info("%s-%d: cleaned offsets %d-%d in %.2f s: %d of %d records kept, %.1f MB read, %.1f MB written "
-                 "(dirty ratio %.2f%s)", topic, index, c.first_dirty, result.end_offset, result.seconds,
-                 result.records_kept, result.records_kept + result.records_removed, result.bytes_read / 1e6,
-                 result.bytes_written / 1e6, c.ratio,
+                 "(dirty ratio %.2f; swapped in %.1f ms%s)", topic, index, c.first_dirty, result.end_offset,
+                 result.seconds, result.records_kept, result.records_kept + result.records_removed,
+                 result.bytes_read / 1e6, result.bytes_written / 1e6, c.ratio, swap_ms,
                  f", {result.throttled_seconds:.2f} s throttled" if result.throttled_seconds >= 0.01 else "")
         return True
 
