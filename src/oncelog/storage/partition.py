@@ -28,7 +28,7 @@ from ..records.control import ControlRecordError, build_marker, parse_marker
 from ..records.reader import Batch, iter_batches, read_batches
 from .checkpoints import CorruptCheckpointError, atomic_write, fsync_dir
 from .cleaner.manager import CleanerView
-from .cleaner.segment_cleaner import RoundResult, SourceSegment
+from .cleaner.segment_cleaner import CleanedGroup, SourceSegment
 from .leader_epochs import LeaderEpochCache
 from .partition_log import PartitionLog
 from .producer_state import ProducerStateManager
@@ -365,20 +365,20 @@ class Partition:
             max_compaction_lag_ms=config["max.compaction.lag.ms"], segment_bytes=config["segment.bytes"],
             max_index_bytes=config["segment.index.bytes"], index_interval_bytes=config["index.interval.bytes"])
 
-    def replace_cleaned(self, result: RoundResult, generation: int) -> bool:
-        """Swap a round's cleaned segments in (`PartitionLog.replace_segments`), then take the cleaned segments'
-        transaction indexes. Producer state does not change: offsets stay, and its snapshots keep describing
-        them."""
-        groups = [(g.source_bases, SwapGroup(g.base_offset, g.next_offset)) for g in result.groups]
+    def replace_cleaned(self, group: CleanedGroup, generation: int, last: bool) -> int | None:
+        """Swap one cleaned group of a round in (`PartitionLog.replace_segments`), then take the cleaned
+        segments' transaction indexes; the log's new generation, or None when the log changed meanwhile.
+        Producer state does not change: offsets stay, and its snapshots keep describing them."""
         try:
             self.txn_index.sync()  # nothing of the old files may be left to write once they are replaced
         except OSError as exc:
             log.error("%s: cleaned segments not swapped in: %s", self.name, exc)
-            return False
-        if not self.log.replace_segments(groups, generation):
-            return False
-        self.txn_index.load()
-        return True
+            return None
+        new_generation = self.log.replace_segments(
+            [(group.source_bases, SwapGroup(group.base_offset, group.next_offset))], generation, last=last)
+        if new_generation is not None:
+            self.txn_index.load()
+        return new_generation
 
     # -- lookups by time -------------------------------------------------------------------------------
     def offset_for_timestamp(self, timestamp: int) -> tuple[int, int] | None:

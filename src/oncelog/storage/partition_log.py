@@ -526,23 +526,27 @@ class PartitionLog:
         return tuple(ClosedSegment(s.base_offset, s.next_offset, s.size, s.largest_timestamp)
                      for s in self._segments[:-1])
 
-    def replace_segments(self, groups: list[tuple[tuple[int, ...], segment_swap.SwapGroup]], generation: int) -> bool:
+    def replace_segments(self, groups: list[tuple[tuple[int, ...], segment_swap.SwapGroup]], generation: int, *,
+                         last: bool = True) -> int | None:
         """Put each group's new files (in the scratch directory) in place of its source segments, crash-safely
         (segment_swap's steps). Only if nothing changed the closed segments since `generation` and each group's
-        sources are still consecutive closed segments; False (nothing done, the scratch files dropped)
-        otherwise. Offsets do not change: the high watermark, the log start and the log end stay. Reads in
-        flight keep reading the old files through their duplicated fds. KAFKA_STORAGE_ERROR (and the log
-        offline) if a rename fails half-way; the next load finishes the swap."""
+        sources are still consecutive closed segments; None (nothing done, the scratch files dropped)
+        otherwise, else the new generation (for the next call of the same round: the cleaner swaps a round's
+        groups one call at a time, so the event loop is never held for more than one group's renames and
+        fsyncs). The scratch directory goes after the `last` call. Offsets do not change: the high watermark,
+        the log start and the log end stay. Reads in flight keep reading the old files through their
+        duplicated fds. KAFKA_STORAGE_ERROR (and the log offline) if a rename fails half-way; the next load
+        finishes the swap."""
         if self._unavailable is not None or generation != self._generation:
             segment_swap.discard_scratch(self.directory)
-            return False
+            return None
         closed = self._segments[:-1]
         bases = [s.base_offset for s in closed]
         for sources, group in groups:
             i = bases.index(sources[0]) if sources[0] in bases else -1
             if i < 0 or tuple(bases[i:i + len(sources)]) != sources or group.base_offset != sources[0]:
                 segment_swap.discard_scratch(self.directory)
-                return False
+                return None
         try:
             for sources, group in groups:
                 i = self._bases.index(sources[0])
@@ -568,8 +572,9 @@ class PartitionLog:
         finally:
             self._generation += 1
             self._hw_position = self._durable_position = None
-        segment_swap.discard_scratch(self.directory)
-        return True
+        if last:
+            segment_swap.discard_scratch(self.directory)
+        return self._generation
 
     # -- reads ---------------------------------------------------------------------------------------------
     def read(self, offset: int, max_bytes: int, upper_bound: int | None = None,

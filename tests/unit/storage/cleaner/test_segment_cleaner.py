@@ -179,3 +179,34 @@ def test_groups_stay_under_segment_bytes():
     segs = [SourceSegment(i * 10, i * 10 + 10, 300) for i in range(7)]
     groups = group_by_size(segs, 1000, 10 << 20)
     assert [[s.base_offset for s in g] for g in groups] == [[0, 10, 20], [30, 40, 50], [60]]
+
+
+def test_a_round_swapped_group_by_group_stops_where_the_log_changed(tmp_path):
+    """The cleaner swaps a round's groups one call at a time (the event loop free in between): each call needs
+    the generation the previous one returned; a stale one swaps nothing more and drops the scratch files, and
+    the log holds the cleaned groups swapped so far and the rest as it was, every newest record in place."""
+    from oncelog.storage.segment_swap import SwapGroup
+
+    plog = open_log(tmp_path / "t-0")
+    try:
+        latest = fill(plog)
+        before = records(plog)
+        result = run_round(request(plog, segment_bytes=400))  # no grouping: one group per source segment
+        assert len(result.groups) >= 3
+        g0, g1 = result.groups[:2]
+        gen0 = plog.generation
+        gen1 = plog.replace_segments([(g0.source_bases, SwapGroup(g0.base_offset, g0.next_offset))], gen0, last=False)
+        assert gen1 is not None and gen1 != gen0
+        assert os.listdir(os.path.join(plog.directory, SCRATCH_DIR))  # the other groups wait there
+        # A stale generation (something else changed the segments meanwhile): nothing more is swapped.
+        assert plog.replace_segments([(g1.source_bases, SwapGroup(g1.base_offset, g1.next_offset))], gen0,
+                                     last=False) is None
+        assert not os.path.exists(os.path.join(plog.directory, SCRATCH_DIR))
+        after = records(plog)
+    finally:
+        plog.close()
+    cleaned_part = [r for r in before if r[0] < g0.next_offset]
+    assert [r for r in after if r[0] >= g0.next_offset] == [r for r in before if r[0] >= g0.next_offset]
+    assert len([r for r in after if r[0] < g0.next_offset]) < len(cleaned_part)
+    for key, (offset, value) in latest.items():
+        assert (offset, key, value) in after
