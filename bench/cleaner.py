@@ -2,7 +2,7 @@
 
 Three figures, the same script and clients for both:
 
-- **cleaner MB/s**: a topic of `--mb` MiB of 1 KiB keyed records over `--keys` keys in 1 MiB segments is written
+- **cleaner MB/s**: a topic of `--mb` MiB of keyed records (`--value-bytes`, 1 KiB by default) over `--keys` keys in 1 MiB segments is written
   with cleanup.policy=delete, then switched to compact; the figure is the closed segments' bytes over the time
   until the broker's `cleaner-offset-checkpoint` (both write one, in the same format) reaches the active segment.
 - **produce latency while the cleaner works**: `--rate-mb` MB/s of 1 KiB records (idempotent, acks=all, linger
@@ -105,12 +105,12 @@ class Kafka:
 # -- cleaner throughput ---------------------------------------------------------------------------------------
 
 
-def write_keyed(bootstrap: str, topic: str, mb: int, keys: int, seed: int = 22) -> None:
+def write_keyed(bootstrap: str, topic: str, mb: int, keys: int, seed: int = 22, value_bytes: int = 1024) -> None:
     rng = random.Random(seed)
     producer = Producer({"bootstrap.servers": bootstrap, "acks": 1, "linger.ms": 5, "batch.size": 262144,
                          "compression.type": "none", "queue.buffering.max.kbytes": 262144})
-    value = bytes(rng.getrandbits(8) for _ in range(1024))
-    for i in range(mb * 1024):
+    value = bytes(rng.getrandbits(8) for _ in range(value_bytes))
+    for i in range(mb * (1 << 20) // (value_bytes + 12)):
         while True:
             try:
                 producer.produce(topic, value, key=b"key-%08d" % rng.randrange(keys), partition=0)
@@ -150,11 +150,11 @@ def cleaned_past(data_dir: Path, topic: str, partition: int, offset: int) -> boo
         return False
 
 
-def clean_rate(system: Any, mb: int, keys: int, run: int) -> dict[str, Any]:
+def clean_rate(system: Any, mb: int, keys: int, run: int, value_bytes: int) -> dict[str, Any]:
     topic = f"dirty-{run}"
     create(system.bootstrap, topic, **{"cleanup.policy": "delete", "segment.bytes": str(SEGMENT),
                                        "retention.ms": "-1"})
-    write_keyed(system.bootstrap, topic, mb, keys)
+    write_keyed(system.bootstrap, topic, mb, keys, value_bytes=value_bytes)
     dirty, active = closed_segments(system.data_dir, topic)
     t0 = time.monotonic()
     set_compact(system.bootstrap, topic)
@@ -280,7 +280,7 @@ def one_run(kind: str, run: int, args: argparse.Namespace, java: str | None, cla
         try:
             out: dict[str, Any] = {}
             if "rate" in args.measure:
-                out["clean"] = clean_rate(system, args.mb, args.keys, run)
+                out["clean"] = clean_rate(system, args.mb, args.keys, run, args.value_bytes)
             if "latency" in args.measure:
                 out["latency"] = latency_while_cleaning(system, args.mb, args.keys, args.rate_mb, args.seconds, run)
             if "offsets" in args.measure:
@@ -306,6 +306,7 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--mb", type=int, default=256, help="MiB of keyed records to clean")
     parser.add_argument("--keys", type=int, default=5000)
+    parser.add_argument("--value-bytes", type=int, default=1024, help="value size of the records to clean")
     parser.add_argument("--rate-mb", type=float, default=10.0)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--commits", type=int, default=1_000_000)
@@ -339,7 +340,7 @@ def main() -> int:
         ("restart -> offsets s", ("offsets", "restart_to_offsets_s")),
         ("port -> offsets s", ("offsets", "port_to_offsets_s")),
     ]
-    print(f"\nmedian of {args.runs} (interleaved); --mb {args.mb} --keys {args.keys} --rate-mb {args.rate_mb} "
+    print(f"\nmedian of {args.runs} (interleaved); --mb {args.mb} --keys {args.keys} --value-bytes {args.value_bytes} --rate-mb {args.rate_mb} "
           f"--seconds {args.seconds} --commits {args.commits} --groups {args.groups}")
     print(f"{'':34}" + "".join(f"{s:>14}" for s in systems))
     for label, path in rows:

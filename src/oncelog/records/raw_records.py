@@ -26,10 +26,23 @@ class RawRecord(NamedTuple):
     offset_delta: int
     key: bytes | None
     value_is_null: bool
-    tail: memoryview  # from the key length to the end of the record's headers, as stored
+    source: bytes  # the records section the record lies in
+    start: int  # where the record starts in `source` (its length varint)
+    tail_start: int  # where its key length starts
+    stop: int  # where it ends
+
+    @property
+    def tail(self) -> memoryview:
+        """From the key length to the end of the record's headers, as stored."""
+        return memoryview(self.source)[self.tail_start:self.stop]
+
+    @property
+    def whole(self) -> bytes:
+        """The record as stored, length included: what a batch that keeps it unchanged copies."""
+        return self.source[self.start:self.stop]
 
 
-def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
+def _varint(buf: bytes, pos: int, end: int) -> tuple[int, int]:
     """A zigzag varint at `pos`: (value, position after it)."""
     shift = 0
     raw = 0
@@ -44,41 +57,96 @@ def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
         shift += 7
 
 
-def walk(records: memoryview, count: int) -> Iterator[RawRecord]:
+def walk(records: bytes | bytearray | memoryview, count: int) -> Iterator[RawRecord]:
     """The `count` records of an uncompressed records section (what follows a batch's 61-byte header).
-    RawRecordError if the bytes do not hold exactly that many well-formed records."""
-    end = len(records)
+    RawRecordError if the bytes do not hold exactly that many well-formed records.
+
+    This is the cleaner's per-record loop, the one place it touches every record, so the common one-byte
+    and two-byte varints are read inline and the key is the only slice taken (the rest are positions)."""
+    buf = records if isinstance(records, bytes) else bytes(records)
+    end = len(buf)
     pos = 0
-    for _ in range(count):
-        length, pos = _varint(records, pos, end)
-        stop = pos + length
-        if length < 0 or stop > end:
-            raise RawRecordError("record length beyond the records section")
-        if pos >= stop:
-            raise RawRecordError("empty record")
-        attributes = records[pos]
-        timestamp_delta, p = _varint(records, pos + 1, stop)
-        offset_delta, p = _varint(records, p, stop)
-        tail_start = p
-        key_length, p = _varint(records, p, stop)
-        if key_length < 0:
-            key = None
-        else:
-            if p + key_length > stop:
-                raise RawRecordError("key beyond the record")
-            key = bytes(records[p:p + key_length])
-            p += key_length
-        value_length, p = _varint(records, p, stop)
-        if value_length > 0 and p + value_length > stop:
-            raise RawRecordError("value beyond the record")
-        yield RawRecord(attributes, timestamp_delta, offset_delta, key, value_length < 0, records[tail_start:stop])
-        pos = stop
+    try:
+        for _ in range(count):
+            start = pos
+            b = buf[pos]
+            if b < 0x80:
+                length = (b >> 1) ^ -(b & 1)
+                pos += 1
+            elif buf[pos + 1] < 0x80:
+                b = (b & 0x7F) | (buf[pos + 1] << 7)
+                length = (b >> 1) ^ -(b & 1)
+                pos += 2
+            else:
+                length, pos = _varint(buf, pos, end)
+            stop = pos + length
+            if length <= 0 or stop > end:
+                raise RawRecordError("record length beyond the records section" if length > 0 else "empty record")
+            attributes = buf[pos]
+            p = pos + 1
+            b = buf[p]
+            if b < 0x80:
+                timestamp_delta = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif buf[p + 1] < 0x80:
+                b = (b & 0x7F) | (buf[p + 1] << 7)
+                timestamp_delta = (b >> 1) ^ -(b & 1)
+                p += 2
+            else:
+                timestamp_delta, p = _varint(buf, p, stop)
+            b = buf[p]
+            if b < 0x80:
+                offset_delta = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif buf[p + 1] < 0x80:
+                b = (b & 0x7F) | (buf[p + 1] << 7)
+                offset_delta = (b >> 1) ^ -(b & 1)
+                p += 2
+            else:
+                offset_delta, p = _varint(buf, p, stop)
+            tail_start = p
+            b = buf[p]
+            if b < 0x80:
+                key_length = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif buf[p + 1] < 0x80:
+                b = (b & 0x7F) | (buf[p + 1] << 7)
+                key_length = (b >> 1) ^ -(b & 1)
+                p += 2
+            else:
+                key_length, p = _varint(buf, p, stop)
+            if key_length < 0:
+                key = None
+            else:
+                if p + key_length > stop:
+                    raise RawRecordError("key beyond the record")
+                key = buf[p:p + key_length]
+                p += key_length
+            b = buf[p]
+            if b < 0x80:
+                value_length = (b >> 1) ^ -(b & 1)
+                p += 1
+            elif buf[p + 1] < 0x80:
+                b = (b & 0x7F) | (buf[p + 1] << 7)
+                value_length = (b >> 1) ^ -(b & 1)
+                p += 2
+            else:
+                value_length, p = _varint(buf, p, stop)
+            if p > stop or (value_length > 0 and p + value_length > stop):
+                raise RawRecordError("value beyond the record")
+            yield RawRecord(attributes, timestamp_delta, offset_delta, key, value_length < 0, buf, start,
+                            tail_start, stop)
+            pos = stop
+    except IndexError:
+        raise RawRecordError("a record runs past the records section") from None
     if pos != end:
         raise RawRecordError(f"{end - pos} bytes after the {count} records the header declares")
 
 
 def encode(record: RawRecord, timestamp_delta: int) -> bytes:
     """`record` framed again with `timestamp_delta`: byte-identical to the source when the delta is unchanged."""
+    if timestamp_delta == record.timestamp_delta:
+        return record.whole
     body = b"".join((bytes((record.attributes,)), zigzag_varint(timestamp_delta), zigzag_varint(record.offset_delta),
                      record.tail))
     return zigzag_varint(len(body)) + body

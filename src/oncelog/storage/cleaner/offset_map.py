@@ -2,8 +2,8 @@
 
 `log.cleaner.dedupe.buffer.size` is a memory budget in Kafka: 24 bytes an entry (a 16-byte MD5 digest of the key
 and an 8-byte offset), filled to `log.cleaner.io.buffer.load.factor` (0.9). The same count bounds this map, so
-a user's setting means the same number of keys per round here. Keys are kept as 16-byte BLAKE2b digests: memory
-per entry stays bounded whatever the key size, and a collision (2^-64 for a billion keys) would only keep an
+a user's setting means the same number of keys per round here. Keys of 16 bytes or more are kept as 16-byte
+BLAKE2b digests, shorter ones as they are: memory per entry stays bounded whatever the key size, and a collision (2^-64 for a billion keys) would only keep an
 old record, never drop a newest one, as in Kafka.
 """
 
@@ -16,6 +16,10 @@ LOAD_FACTOR = 0.9
 
 
 def digest(key: bytes) -> bytes:
+    """The map's key for `key`: the key itself when shorter than a digest (no hashing for the short keys most
+    topics have, and no collision: a digest is always 16 bytes), else its 16-byte BLAKE2b digest."""
+    if len(key) < 16:
+        return key
     return blake2b(key, digest_size=16).digest()
 
 
