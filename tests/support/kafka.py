@@ -152,11 +152,12 @@ def _dependency_plugin(pom: Path = POM) -> str:
 
 
 def kafka_classpath(cache: Path | None = None, timeout: float = RESOLVE_TIMEOUT_S, *, pom: Path = POM,
-                    artifact: str = "kafka_2.13") -> str:
+                    artifact: str = "kafka_2.13", version: str = KAFKA_VERSION) -> str:
     """Kafka's server classpath: from the cache when its jars are all present, else from Maven.
 
     `pom` names another project of Kafka's jars (tests/support/kafka_tools.py: the command-line tools), cached
-    beside this one under its own hash; `artifact` is the jar the resolved classpath must contain."""
+    beside this one under its own hash; `artifact` at `version` is the jar the resolved classpath must contain
+    (tests/interop/test_kafka_connect.py: Kafka Connect, pinned at another release in its pom)."""
     cache = cache or cache_dir()
     key = hashlib.sha256(pom.read_bytes()).hexdigest()[:16]
     cached = cache / f"classpath-{key}.txt"
@@ -166,7 +167,7 @@ def kafka_classpath(cache: Path | None = None, timeout: float = RESOLVE_TIMEOUT_
             return classpath
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise KafkaUnavailable(f"real Kafka: no `mvn` on PATH to resolve {artifact} {KAFKA_VERSION}")
+        raise KafkaUnavailable(f"real Kafka: no `mvn` on PATH to resolve {artifact} {version}")
     cache.mkdir(parents=True, exist_ok=True)
     out = cache / f"classpath-{key}.{os.getpid()}.tmp"
     try:
@@ -182,10 +183,10 @@ def kafka_classpath(cache: Path | None = None, timeout: float = RESOLVE_TIMEOUT_
         if _OFFLINE.search(log):
             first = next((ln for ln in log.splitlines() if _OFFLINE.search(ln)), "")
             raise KafkaUnavailable(f"real Kafka: Maven Central not reachable to resolve {artifact} "
-                                   f"{KAFKA_VERSION} (and nothing in ~/.m2): {first.strip()[:300]}")
+                                   f"{version} (and nothing in ~/.m2): {first.strip()[:300]}")
         raise RuntimeError(f"mvn could not resolve Kafka's classpath from {pom}:\n{log[-3000:]}")
     classpath = out.read_text().strip()
-    if f"{os.sep}{artifact}-{KAFKA_VERSION}.jar" not in classpath:
+    if f"{os.sep}{artifact}-{version}.jar" not in classpath:
         raise RuntimeError(f"mvn resolved a classpath without {artifact}:\n{classpath[:2000]}")
     os.replace(out, cached)
     return classpath
