@@ -39,7 +39,7 @@ pytestmark = pytest.mark.cluster_slow
 PARTITIONS = 4
 GROUPS = 12
 WAVE = 3000
-CLEANER = {"log.segment.bytes": 32768, "log.roll.ms": 1000, "log.cleaner.backoff.ms": 200,
+CLEANER = {"log.segment.bytes": 1 << 20, "log.roll.ms": 1000, "log.cleaner.backoff.ms": 200,
            "log.cleaner.min.cleanable.ratio": 0.01, "log.cleaner.delete.retention.ms": 1000}
 BROKER = {**CLEANER, "offsets.topic.num.partitions": 5, "transaction.state.log.num.partitions": 5,
           "group.initial.rebalance.delay.ms": 0}

@@ -42,14 +42,15 @@ from tests.support.streams_app import (
 
 PARTITIONS = 4          # input, output, and so the repartition topic and changelog
 GROUPS = 12
-# The cleaner as hard as oncelog takes it: segments roll by age each second (on the next append, as in Kafka),
-# log.segment.bytes above the producers' 16 KiB batches (a batch larger than a segment is refused, as in Kafka),
-# a pass every 200 ms, any dirty share cleaned, tombstones and transaction markers dropped after a second.
-CLEANER = {"log.segment.bytes": 32768, "log.roll.ms": 1000, "log.cleaner.backoff.ms": 200,
+# The cleaner run hard within what Kafka 4.4 accepts: segments roll by age each second (on the next append, as in
+# Kafka; segment.ms's minimum is 1 ms), log.segment.bytes at its minimum since Kafka 4.0 (1 MiB, KIP-1030; the
+# changelogs here never fill one, the age rolls them), a pass every 200 ms, any dirty share cleaned, tombstones and
+# transaction markers dropped after a second.
+CLEANER = {"log.segment.bytes": 1 << 20, "log.roll.ms": 1000, "log.cleaner.backoff.ms": 200,
            "log.cleaner.min.cleanable.ratio": 0.01, "log.cleaner.delete.retention.ms": 1000}
 BROKER = {**CLEANER, "offsets.topic.num.partitions": 5, "transaction.state.log.num.partitions": 5,
           "group.initial.rebalance.delay.ms": 0}
-# Input and output keep the broker's default segments: only Kafka Streams' internal topics are cleaned hard.
+# Input and output are plain (cleanup.policy=delete) topics with larger segments; the changelog is what is cleaned.
 PLAIN_TOPIC = {"segment.bytes": str(64 << 20)}
 # Kafka Streams purges its repartition topics every 30 s by default; every 5 s here so a short run sees it.
 STREAMS_CONFIG = {"repartition.purge.interval.ms": 5000}
