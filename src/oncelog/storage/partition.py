@@ -365,9 +365,9 @@ class Partition:
             max_compaction_lag_ms=config["max.compaction.lag.ms"], segment_bytes=config["segment.bytes"],
             max_index_bytes=config["segment.index.bytes"], index_interval_bytes=config["index.interval.bytes"])
 
-    def replace_cleaned(self, group: CleanedGroup, generation: int, last: bool) -> int | None:
-        """Swap one cleaned group of a round in (`PartitionLog.replace_segments`), then take the cleaned
-        segments' transaction indexes; the log's new generation, or None when the log changed meanwhile.
+    def replace_cleaned(self, groups: list[CleanedGroup], generation: int, last: bool) -> int | None:
+        """Swap cleaned groups of a round in (`PartitionLog.replace_segments`), then take the cleaned segments'
+        transaction indexes; the log's new generation, or None when the log changed meanwhile.
         Producer state does not change: offsets stay, and its snapshots keep describing them."""
         try:
             self.txn_index.sync()  # nothing of the old files may be left to write once they are replaced
@@ -375,7 +375,7 @@ class Partition:
             log.error("%s: cleaned segments not swapped in: %s", self.name, exc)
             return None
         new_generation = self.log.replace_segments(
-            [(group.source_bases, SwapGroup(group.base_offset, group.next_offset))], generation, last=last)
+            [(g.source_bases, SwapGroup(g.base_offset, g.next_offset)) for g in groups], generation, last=last)
         if new_generation is not None:
             self.txn_index.load()
         return new_generation

@@ -532,9 +532,9 @@ class PartitionLog:
         (segment_swap's steps). Only if nothing changed the closed segments since `generation` and each group's
         sources are still consecutive closed segments; None (nothing done, the scratch files dropped)
         otherwise, else the new generation (for the next call of the same round: the cleaner swaps a round's
-        groups one call at a time, so the event loop is never held for more than one group's renames and
-        fsyncs). The scratch directory goes after the `last` call. Offsets do not change: the high watermark,
-        the log start and the log end stay. Reads in flight keep reading the old files through their
+        groups a few at a time, so the event loop is held for one chunk's renames and a few fsyncs). The
+        scratch directory goes after the `last` call. Offsets do not change: the high watermark, the log start
+        and the log end stay. Reads in flight keep reading the old files through their
         duplicated fds. KAFKA_STORAGE_ERROR (and the log offline) if a rename fails half-way; the next load
         finishes the swap."""
         if self._unavailable is not None or generation != self._generation:
@@ -547,19 +547,22 @@ class PartitionLog:
             if i < 0 or tuple(bases[i:i + len(sources)]) != sources or group.base_offset != sources[0]:
                 segment_swap.discard_scratch(self.directory)
                 return None
+        swap_groups = [group for _sources, group in groups]
         try:
+            segment_swap.stage(self.directory, swap_groups)
+            fault_injection.crash_point("swap-staged")
+            segment_swap.commit(self.directory, swap_groups)
+            fault_injection.crash_point("swap-committed")
+            for sources, _group in groups:
+                i = self._bases.index(sources[0])
+                for segment in self._segments[i:i + len(sources)]:
+                    segment.delete(self._file_delete_delay_ms)
+                    segment_swap.drop_transaction_index(self.directory, segment.base_offset)
+            fault_injection.crash_point("swap-old-deleted")
+            segment_swap.finish(self.directory, swap_groups)
             for sources, group in groups:
                 i = self._bases.index(sources[0])
                 old = self._segments[i:i + len(sources)]
-                segment_swap.stage(self.directory, group)
-                fault_injection.crash_point("swap-staged")
-                segment_swap.commit(self.directory, group)
-                fault_injection.crash_point("swap-committed")
-                for segment in old:
-                    segment.delete(self._file_delete_delay_ms)
-                    segment_swap.drop_transaction_index(self.directory, segment.base_offset)
-                fault_injection.crash_point("swap-old-deleted")
-                segment_swap.finish(self.directory, group.base_offset)
                 new = LogSegment.open(self.directory, group.base_offset, now_ms=self._now_ms(),
                                       **self._segment_kwargs())
                 new.finish(want_fds=False)  # a closed segment: no open index fds

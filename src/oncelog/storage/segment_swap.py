@@ -5,18 +5,20 @@ Part of the log's on-disk format, not of the cleaner: the cleaner writes the new
 the log swaps them in (`PartitionLog.replace_segments`) and every load of a partition finishes or drops what a
 crash left (`recover`, from `PartitionLog._load`).
 
-The steps, for one group of new files whose sources cover the offsets [base, end):
+The steps, for a chunk of groups of new files, each group's sources covering the offsets [base, end) (the cleaner
+swaps a round a few groups at a time: every step costs a directory fsync, paid once a chunk, not once a group):
 
-1. the new segment's files were written into the scratch directory and fsynced (`cleaner.segment_cleaner`);
+1. the new segments' files were written into the scratch directory and fsynced (`cleaner.segment_cleaner`);
 2. `stage`: each file is renamed into the partition directory as `<name>.swap`, the directory fsynced;
-3. `commit`: `<base>.swapend`, holding `end`, is written atomically: the commit point;
-4. the log deletes its old segments in [base, end) (renamed `.deleted`, unlinked after file.delete.delay.ms);
-5. `finish`: each `.swap` file is renamed to its final name, then `<base>.swapend` removed.
+3. `commit`: `<first base>.swapend`, listing every group's base and end, is written atomically: the commit point;
+4. the log deletes its old segments in each [base, end) (renamed `.deleted`, unlinked after file.delete.delay.ms);
+5. `finish`: each `.swap` file is renamed to its final name, the directory fsynced, then the `.swapend` removed.
 
 `recover`, run when a partition is opened, before its segments are listed: the scratch directory goes; a group
-with a `.swapend` is committed, so its old files in [base, end) go (a final name at `base` is old only while its
-`.swap` twin still exists) and the renames of step 5 are done again; `.swap` files without a `.swapend` were never
-committed and go. Every step of `recover` may itself be cut by a crash and run again.
+listed in a `.swapend` is committed, so its old files in [base, end) go (a final name at `base` is old only while
+its `.swap` twin still exists) and the renames of step 5 are done again; `.swap` files of no listed group were
+never committed and go. Every step of `recover` may itself be cut by a crash and run again. (A `.swapend` holding
+a single number is one group at the file's base: the format before chunks.)
 """
 
 from __future__ import annotations
@@ -50,30 +52,32 @@ def scratch_dir(directory: str) -> str:
     return os.path.join(directory, SCRATCH_DIR)
 
 
-def stage(directory: str, group: SwapGroup) -> None:
-    """Step 2: the group's scratch files renamed to `<name>.swap` in the partition directory, durably."""
+def stage(directory: str, groups: list[SwapGroup]) -> None:
+    """Step 2: the groups' scratch files renamed to `<name>.swap` in the partition directory, durably."""
     scratch = scratch_dir(directory)
-    for suffix in SEGMENT_SUFFIXES:
-        source = segment_path(scratch, group.base_offset, suffix)
-        if os.path.exists(source):
-            os.replace(source, segment_path(directory, group.base_offset, suffix) + SWAP_SUFFIX)
+    for group in groups:
+        for suffix in SEGMENT_SUFFIXES:
+            source = segment_path(scratch, group.base_offset, suffix)
+            if os.path.exists(source):
+                os.replace(source, segment_path(directory, group.base_offset, suffix) + SWAP_SUFFIX)
     fsync_dir(directory)
 
 
-def commit(directory: str, group: SwapGroup) -> None:
-    """Step 3: from here the cleaned group replaces its sources, whatever happens next."""
-    atomic_write(_commit_path(directory, group.base_offset), str(group.next_offset).encode())
-    fsync_dir(directory)
+def commit(directory: str, groups: list[SwapGroup]) -> None:
+    """Step 3: from here the cleaned groups replace their sources, whatever happens next."""
+    listing = "\n".join(f"{g.base_offset} {g.next_offset}" for g in groups)
+    atomic_write(_commit_path(directory, groups[0].base_offset), listing.encode())
 
 
-def finish(directory: str, base_offset: int) -> None:
-    """Step 5 (after the log removed its old segments in the group's range): the final names."""
-    for suffix in SEGMENT_SUFFIXES:
-        swapped = segment_path(directory, base_offset, suffix) + SWAP_SUFFIX
-        if os.path.exists(swapped):
-            os.replace(swapped, segment_path(directory, base_offset, suffix))
+def finish(directory: str, groups: list[SwapGroup]) -> None:
+    """Step 5 (after the log removed its old segments in the groups' ranges): the final names."""
+    for group in groups:
+        for suffix in SEGMENT_SUFFIXES:
+            swapped = segment_path(directory, group.base_offset, suffix) + SWAP_SUFFIX
+            if os.path.exists(swapped):
+                os.replace(swapped, segment_path(directory, group.base_offset, suffix))
     fsync_dir(directory)
-    os.unlink(_commit_path(directory, base_offset))
+    os.unlink(_commit_path(directory, groups[0].base_offset))
     fsync_dir(directory)
 
 
@@ -89,39 +93,51 @@ def discard_scratch(directory: str) -> None:
     shutil.rmtree(scratch_dir(directory), ignore_errors=True)
 
 
+def _listed(marker_base: int, text: str) -> list[SwapGroup]:
+    lines = text.split()
+    if len(lines) == 1:  # one group at the marker's base (the format before chunks)
+        return [SwapGroup(marker_base, int(lines[0]))]
+    pairs = text.splitlines()
+    return [SwapGroup(int(b), int(e)) for b, e in (line.split() for line in pairs)]
+
+
 def recover(directory: str) -> int:
-    """Finish committed swaps and drop uncommitted ones (module docstring); the number finished."""
+    """Finish committed swaps and drop uncommitted ones (module docstring); the number of groups finished."""
     discard_scratch(directory)
     names = os.listdir(directory)
-    committed: dict[int, int] = {}
+    chunks: list[list[SwapGroup]] = []
     for name in names:
         if name.endswith(COMMIT_SUFFIX) and name[:20].isdigit():
             try:
                 with open(os.path.join(directory, name), "rb") as f:
-                    committed[int(name[:20])] = int(f.read().decode())
+                    chunks.append(_listed(int(name[:20]), f.read().decode()))
             except (OSError, ValueError) as exc:  # atomic_write makes this impossible short of a damaged disk
                 log.error("%s: unreadable %s (%s); its swap is not finished", directory, name, exc)
+    committed = {g.base_offset: g.next_offset for chunk in chunks for g in chunk}
     for name in names:
         if name.endswith(COMMIT_SUFFIX + ".tmp"):
             os.unlink(os.path.join(directory, name))  # a commit that atomic_write never finished
         elif name.endswith(SWAP_SUFFIX) and name[:20].isdigit() and int(name[:20]) not in committed:
             log.warning("%s: removing %s, a cleaned segment that was never committed", directory, name)
             os.unlink(os.path.join(directory, name))
-    for base, end in sorted(committed.items()):
-        for name in names:
-            stem, dot, suffix = name.partition(".")
-            if len(stem) != 20 or not stem.isdigit() or "." + suffix not in SEGMENT_SUFFIXES:
-                continue
-            old_base = int(stem)
-            if not base <= old_base < end:
-                continue
-            path = os.path.join(directory, name)
-            if old_base == base and not os.path.exists(path + SWAP_SUFFIX):
-                continue  # already the cleaned file (step 5 ran for it before the crash)
-            os.unlink(path)
+    for chunk in sorted(chunks):
+        for base, end in chunk:
+            for name in names:
+                stem, dot, suffix = name.partition(".")
+                if len(stem) != 20 or not stem.isdigit() or "." + suffix not in SEGMENT_SUFFIXES:
+                    continue
+                old_base = int(stem)
+                if not base <= old_base < end:
+                    continue
+                path = os.path.join(directory, name)
+                if old_base == base and not os.path.exists(path + SWAP_SUFFIX):
+                    continue  # already the cleaned file (step 5 ran for it before the crash)
+                if os.path.exists(path):
+                    os.unlink(path)
         fsync_dir(directory)
-        finish(directory, base)
-        log.info("%s: finished the swap of the cleaned segment %d (offsets up to %d)", directory, base, end)
+        finish(directory, chunk)
+        log.info("%s: finished the swap of %d cleaned segments from %d (offsets up to %d)", directory, len(chunk),
+                 chunk[0].base_offset, chunk[-1].next_offset)
     return len(committed)
 
 

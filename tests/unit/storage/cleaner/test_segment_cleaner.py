@@ -75,10 +75,10 @@ def expected(before, active_base):
 def swap_in(plog_dir: str, groups, *, stop_after: str | None = None) -> None:
     """The loop side of a swap on files (the log object is closed), stopping after step `stop_after`."""
     for group in groups:
-        swap.stage(plog_dir, group)
+        swap.stage(plog_dir, [group])
         if stop_after == "stage":
             return
-        swap.commit(plog_dir, group)
+        swap.commit(plog_dir, [group])
         if stop_after == "commit":
             return
         for base in group.source_bases:
@@ -88,7 +88,7 @@ def swap_in(plog_dir: str, groups, *, stop_after: str | None = None) -> None:
                     os.unlink(path)
             if stop_after == "delete-one":
                 return
-        swap.finish(plog_dir, group.base_offset)
+        swap.finish(plog_dir, [group])
 
 
 @pytest.fixture
@@ -210,3 +210,50 @@ def test_a_round_swapped_group_by_group_stops_where_the_log_changed(tmp_path):
     assert len([r for r in after if r[0] < g0.next_offset]) < len(cleaned_part)
     for key, (offset, value) in latest.items():
         assert (offset, key, value) in after
+
+
+@pytest.mark.parametrize("stop_after,new", [("stage", False), ("commit", True), ("delete-one", True)])
+def test_a_chunk_of_groups_is_swapped_whole_or_not_at_all(tmp_path, stop_after, new):
+    """Several groups swapped with one set of steps (one .swapend listing them all): a crash before the commit
+    leaves every old segment, after it every new one."""
+    plog = open_log(tmp_path / "t-0")
+    fill(plog)
+    before = records(plog)
+    active_base = plog.segments[-1].base_offset
+    result = run_round(request(plog, segment_bytes=400))  # one group per source segment
+    directory = plog.directory
+    plog.close()
+    groups = [swap.SwapGroup(g.base_offset, g.next_offset) for g in result.groups]
+    assert len(groups) >= 3
+    swap.stage(directory, groups)
+    if stop_after != "stage":
+        swap.commit(directory, groups)
+        (marker,) = [n for n in os.listdir(directory) if n.endswith(".swapend")]
+        assert marker == f"{groups[0].base_offset:020d}.swapend"
+        if stop_after == "delete-one":
+            base = result.groups[1].source_bases[0]
+            for suffix in (".log", ".index", ".timeindex"):
+                os.unlink(os.path.join(directory, f"{base:020d}{suffix}"))
+    assert swap.recover(directory) == (len(groups) if new else 0)
+    assert not [n for n in os.listdir(directory) if n.endswith((".swap", ".swapend"))]
+    plog = open_log(directory, clean=False)
+    try:
+        assert records(plog) == (expected(before, active_base) if new else before)
+    finally:
+        plog.close()
+
+
+def test_a_commit_marker_of_one_group_in_the_older_format_is_finished(cleaned):
+    """A `.swapend` holding one number (written before chunks) is one group at the file's base."""
+    directory, before, latest, active_base, result = cleaned
+    (group,) = result.groups
+    swap.stage(directory, [group])
+    marker = os.path.join(directory, f"{group.base_offset:020d}.swapend")
+    with open(marker, "w") as f:
+        f.write(str(group.next_offset))
+    assert swap.recover(directory) == 1
+    plog = open_log(directory, clean=False)
+    try:
+        assert records(plog) == expected(before, active_base)
+    finally:
+        plog.close()
