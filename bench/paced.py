@@ -28,9 +28,11 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 def paced_produce(settings: Mapping[str, Any], topic: str, partitions: int, rate_mb: float, seconds: float,
-                  warmup_s: float = 1.0) -> dict[str, Any]:
+                  warmup_s: float = 1.0, samples: list[tuple[float, float]] | None = None) -> dict[str, Any]:
     """Produce 1 KiB records round-robin over `partitions` at `rate_mb` MB/s for `seconds` (+ warm-up) with a
-    confluent-kafka producer built from `settings`; latency percentiles in ms."""
+    confluent-kafka producer built from `settings`; latency percentiles in ms. `samples`, when given, gets
+    (perf_counter at produce(), librdkafka's latency in s) of every measured record, for a figure over a part
+    of the run."""
     producer = Producer(dict(settings))
     latencies: list[float] = []
     acked: list[float] = []
@@ -45,6 +47,8 @@ def paced_produce(settings: Mapping[str, Any], topic: str, partitions: int, rate
             elif sent >= measure_from:
                 latencies.append(time.perf_counter() - sent)
                 acked.append(msg.latency())
+                if samples is not None:
+                    samples.append((sent, msg.latency()))
         return delivered
 
     value = b"x" * RECORD
