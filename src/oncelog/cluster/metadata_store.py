@@ -24,13 +24,10 @@ asyncio futures; the few blocking calls (starting and stopping the client) run i
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import functools
-import json
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +47,7 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.protocol.serialization import Transaction
-from kazoo.protocol.states import EventType, KazooState, ZnodeStat
+from kazoo.protocol.states import EventType, KazooState
 
 from .connect import parse_connect
 from .metadata_image import (
@@ -59,62 +56,42 @@ from .metadata_image import (
     MetadataImage,
     PartitionAssignment,
     PartitionState,
-    TopicDeletion,
     TopicInfo,
+)
+from .store import znodes
+from .store.errors import (  # noqa: F401 - callers import these names from here
+    CONNECTED,
+    LOST,
+    SUSPENDED,
+    BrokerIdInUse,
+    NotController,
+    RequestTooLarge,
+    StaleVersion,
+    StoreError,
+    StoreUnavailable,
+    TopicExists,
+    UnknownTopic,
+)
+from .store.znodes import (  # noqa: F401 - callers import these names from here
+    BROKERS,
+    CLUSTER_ID,
+    CONTROLLER,
+    CONTROLLER_EPOCH,
+    DEFAULT_CHROOT,
+    DELETING,
+    FORMAT_VERSION,
+    MAX_MULTI_BYTES,
+    PRODUCER_ID_BLOCK,
+    TOPIC_CONFIGS,
+    TOPICS,
+    decode_topic_id,
+    encode_topic_id,
+    new_cluster_id,
 )
 
 log = logging.getLogger(__name__)
 
-DEFAULT_CHROOT = "/oncelog"
-FORMAT_VERSION = 1
-CONNECTED, SUSPENDED, LOST = "CONNECTED", "SUSPENDED", "LOST"
-
-BROKERS = "/brokers/ids"
-CONTROLLER = "/controller"
-CONTROLLER_EPOCH = "/controller_epoch"
-CLUSTER_ID = "/cluster_id"
-TOPICS = "/topics"
-TOPIC_CONFIGS = "/configs/topics"
-DELETING = "/deleting"
-PRODUCER_ID_BLOCK = "/latest_producer_id_block"
-
-MAX_MULTI_BYTES = 1_000_000      # under ZooKeeper's default jute.maxbuffer (0xfffff), with room for the header
 _CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
-
-
-# ---- errors ------------------------------------------------------------------------------------------------------
-
-class StoreError(Exception):
-    """A metadata write or read that did not happen."""
-
-
-class StoreUnavailable(StoreError):
-    """No usable session: not started, not connected (SUSPENDED/LOST), or the request timed out."""
-
-
-class StaleVersion(StoreError):
-    """A compare-and-set lost: the znode changed (or vanished) since the version the writer read."""
-
-
-class NotController(StoreError):
-    """The controller-epoch check failed: another controller was elected since this one's epoch."""
-
-
-class TopicExists(StoreError):
-    """The topic znode already exists."""
-
-
-class UnknownTopic(StoreError):
-    """The topic znode does not exist."""
-
-
-class BrokerIdInUse(StoreError):
-    """node.id is registered by a live broker under another session."""
-
-
-class RequestTooLarge(StoreError):
-    """A multi-op larger than ZooKeeper accepts in one request (jute.maxbuffer, 1 MB by default): ZooKeeper
-    would drop the connection instead of answering. Sent in smaller steps where that is safe, refused otherwise."""
 
 
 # ---- clock -------------------------------------------------------------------------------------------------------
@@ -129,85 +106,6 @@ def _clock() -> float:
         except OSError:
             pass
     return time.monotonic()
-
-
-# ---- JSON codecs -------------------------------------------------------------------------------------------------
-
-def encode_topic_id(topic_id: bytes) -> str:
-    """Kafka's Uuid string form: URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(topic_id).decode().rstrip("=")
-
-
-def decode_topic_id(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def new_cluster_id() -> str:
-    return encode_topic_id(uuid.uuid4().bytes)
-
-
-def _dump(value: dict[str, Any]) -> bytes:
-    return json.dumps({"version": FORMAT_VERSION, **value}, separators=(",", ":"), sort_keys=True).encode()
-
-
-def _load(data: bytes | None) -> dict[str, Any]:
-    value = json.loads(data or b"{}")
-    if not isinstance(value, dict):
-        raise ValueError("not a JSON object")
-    return value
-
-
-def _state_json(state: PartitionState) -> bytes:
-    return _dump({"leader": state.leader, "leader_epoch": state.leader_epoch, "isr": list(state.isr),
-                  "controller_epoch": state.controller_epoch, "log_start_floor": state.log_start_floor})
-
-
-def _state_from(data: bytes, stat: ZnodeStat) -> PartitionState:
-    v = _load(data)
-    return PartitionState(int(v["leader"]), int(v["leader_epoch"]), tuple(int(r) for r in v["isr"]),
-                          int(v.get("controller_epoch", 0)), stat.version, int(v.get("log_start_floor", 0)))
-
-
-def _topic_json(topic_id: bytes, assignment: Mapping[int, PartitionAssignment], creating: bool = False) -> bytes:
-    value: dict[str, Any] = {
-        "topic_id": encode_topic_id(topic_id),
-        "replicas": {str(p): list(a.replicas) for p, a in sorted(assignment.items())},
-        "adding": {str(p): list(a.adding) for p, a in sorted(assignment.items()) if a.adding},
-        "removing": {str(p): list(a.removing) for p, a in sorted(assignment.items()) if a.removing},
-    }
-    if creating:
-        value["creating"] = True        # created in steps (too big for one request): invisible until cleared
-    return _dump(value)
-
-
-def _creating(data: bytes) -> bool:
-    return bool(_load(data).get("creating"))
-
-
-def _topic_from(name: str, data: bytes, stat: ZnodeStat) -> TopicInfo:
-    v = _load(data)
-    adding, removing = v.get("adding", {}), v.get("removing", {})
-    assignment = {
-        int(p): PartitionAssignment(tuple(int(r) for r in replicas), tuple(int(r) for r in adding.get(p, ())),
-                                    tuple(int(r) for r in removing.get(p, ())))
-        for p, replicas in v["replicas"].items()
-    }
-    return TopicInfo(name, decode_topic_id(v["topic_id"]), assignment, stat.version, stat.czxid)
-
-
-def _deletion_json(pending: Mapping[bytes, Sequence[int]]) -> bytes:
-    return _dump({"topics": [{"topic_id": encode_topic_id(t), "replicas": sorted(set(r))}
-                             for t, r in pending.items()]})
-
-
-def _deletion_from(name: str, data: bytes, stat: ZnodeStat) -> TopicDeletion:
-    v = _load(data)
-    pending = {decode_topic_id(e["topic_id"]): tuple(int(r) for r in e["replicas"]) for e in v.get("topics", [])}
-    return TopicDeletion(name, pending, stat.version, stat.czxid)
-
-
-def _as_assignment(value: PartitionAssignment | Sequence[int]) -> PartitionAssignment:
-    return value if isinstance(value, PartitionAssignment) else PartitionAssignment(tuple(value))
 
 
 @dataclass(frozen=True)
@@ -279,11 +177,11 @@ class MetadataStore:
 
     @staticmethod
     def topic_path(topic: str) -> str:
-        return f"{TOPICS}/{topic}"
+        return znodes.topic_path(topic)
 
     @staticmethod
     def state_path(topic: str, partition: int) -> str:
-        return f"{TOPICS}/{topic}/partitions/{partition}/state"
+        return znodes.state_path(topic, partition)
 
     @property
     def timeout_s(self) -> float:
@@ -389,16 +287,16 @@ class MetadataStore:
         for rel in ("", BROKERS, TOPICS, TOPIC_CONFIGS, DELETING):
             await self._call(self._kz().ensure_path_async(self._p(rel) or "/"))
         try:
-            await self._call(self._kz().create_async(self._p(CONTROLLER_EPOCH), _dump({"controller_epoch": 0})))
+            await self._call(self._kz().create_async(self._p(CONTROLLER_EPOCH), znodes.dump({"controller_epoch": 0})))
         except NodeExistsError:
             pass
         proposed = cluster_id or new_cluster_id()
         try:
-            await self._call(self._kz().create_async(self._p(CLUSTER_ID), _dump({"id": proposed})))
+            await self._call(self._kz().create_async(self._p(CLUSTER_ID), znodes.dump({"id": proposed})))
         except NodeExistsError:
             pass
         data, _ = await self._call(self._kz().get_async(self._p(CLUSTER_ID)))
-        self.cluster_id = str(_load(data)["id"])
+        self.cluster_id = str(znodes.load(data)["id"])
         self.image.apply_cluster_id(self.cluster_id)
 
     def _kz(self) -> KazooClient:
@@ -654,7 +552,7 @@ class MetadataStore:
 
     async def _register(self, reg: _Registration) -> int:
         path = self._p(f"{BROKERS}/{reg.node_id}")
-        value = _dump({"host": reg.host, "port": reg.port, "rack": reg.rack, "instance_id": reg.instance_id,
+        value = znodes.dump({"host": reg.host, "port": reg.port, "rack": reg.rack, "instance_id": reg.instance_id,
                        "timestamp": int(time.time() * 1000), **reg.extra})
         deadline: float | None = None
         while True:
@@ -669,7 +567,7 @@ class MetadataStore:
                 continue
             if stat.ephemeralOwner == self._session_id:       # ours already (a create answered after a reconnect)
                 break
-            held = _load(data)
+            held = znodes.load(data)
             where = f"{held.get('host')}:{held.get('port')}"
             same = (held.get("instance_id") == reg.instance_id if reg.instance_id is not None
                     else (held.get("host"), held.get("port")) == (reg.host, reg.port))
@@ -706,13 +604,13 @@ class MetadataStore:
             raise StoreUnavailable(f"controller seat session is {self.seat_state}")
         for _ in range(10):
             data, stat = await self._call(self._kz().get_async(self._p(CONTROLLER_EPOCH)))
-            epoch = int(_load(data)["controller_epoch"]) + 1
+            epoch = int(znodes.load(data)["controller_epoch"]) + 1
 
             def build(txn: Any, epoch: int = epoch, version: int = stat.version) -> None:
-                txn.create(self._p(CONTROLLER), _dump({"broker_id": node_id, "broker_epoch": broker_epoch,
+                txn.create(self._p(CONTROLLER), znodes.dump({"broker_id": node_id, "broker_epoch": broker_epoch,
                                                        "controller_epoch": epoch,
                                                        "timestamp": int(time.time() * 1000)}), ephemeral=True)
-                txn.set_data(self._p(CONTROLLER_EPOCH), _dump({"controller_epoch": epoch}), version=version)
+                txn.set_data(self._p(CONTROLLER_EPOCH), znodes.dump({"controller_epoch": epoch}), version=version)
 
             try:
                 results = await self._commit(build, None, seat=True)
@@ -794,14 +692,14 @@ class MetadataStore:
         parts = {p: PartitionAssignment(tuple(r)) for p, r in sorted(assignment.items())}
 
         def build(txn: Any) -> None:
-            txn.create(self._p(self.topic_path(name)), _topic_json(topic_id, parts))
+            txn.create(self._p(self.topic_path(name)), znodes.topic_json(topic_id, parts))
             txn.create(self._p(f"{self.topic_path(name)}/partitions"), b"")
             for p, a in parts.items():
                 leader, isr = (initial or {}).get(p, (a.replicas[0], a.replicas))
                 txn.create(self._p(f"{self.topic_path(name)}/partitions/{p}"), b"")
                 txn.create(self._p(self.state_path(name, p)),
-                           _state_json(PartitionState(leader, 0, tuple(isr), controller_epoch, 0)))
-            txn.create(self._p(f"{TOPIC_CONFIGS}/{name}"), _dump({"config": dict(configs)}))
+                           znodes.state_json(PartitionState(leader, 0, tuple(isr), controller_epoch, 0)))
+            txn.create(self._p(f"{TOPIC_CONFIGS}/{name}"), znodes.dump({"config": dict(configs)}))
 
         try:
             try:
@@ -825,7 +723,7 @@ class MetadataStore:
         base = self._p(self.topic_path(name))
 
         def first(txn: Any) -> None:
-            txn.create(base, _topic_json(topic_id, parts, creating=True))
+            txn.create(base, znodes.topic_json(topic_id, parts, creating=True))
             txn.create(f"{base}/partitions", b"")
 
         await self._commit(first, controller_epoch)
@@ -851,13 +749,13 @@ class MetadataStore:
                     leader, isr = (initial or {}).get(p, (a.replicas[0], a.replicas))
                     txn.create(f"{base}/partitions/{p}", b"")
                     txn.create(f"{base}/partitions/{p}/state",
-                               _state_json(PartitionState(leader, 0, tuple(isr), controller_epoch, 0)))
+                               znodes.state_json(PartitionState(leader, 0, tuple(isr), controller_epoch, 0)))
 
             await self._commit(states, controller_epoch)
 
         def finish(txn: Any) -> None:
-            txn.set_data(base, _topic_json(topic_id, parts), version=0)
-            txn.create(self._p(f"{TOPIC_CONFIGS}/{name}"), _dump({"config": dict(configs)}))
+            txn.set_data(base, znodes.topic_json(topic_id, parts), version=0)
+            txn.create(self._p(f"{TOPIC_CONFIGS}/{name}"), znodes.dump({"config": dict(configs)}))
 
         await self._commit(finish, controller_epoch)
 
@@ -873,7 +771,7 @@ class MetadataStore:
             except NoNodeError:
                 self.pending_creations.discard(name)
                 continue
-            if not _creating(data):
+            if not znodes.creating(data):
                 continue
             await self._delete_partition_znodes(name, controller_epoch)
             try:
@@ -899,7 +797,7 @@ class MetadataStore:
 
         def build(txn: Any) -> None:
             for topic, partition, state, version in stamped:
-                txn.set_data(self._p(self.state_path(topic, partition)), _state_json(state), version=version)
+                txn.set_data(self._p(self.state_path(topic, partition)), znodes.state_json(state), version=version)
 
         try:
             results = await self._commit(build, controller_epoch)
@@ -922,7 +820,7 @@ class MetadataStore:
             new = PartitionState(new.leader, new.leader_epoch, new.isr, controller_epoch, new.version,
                                  new.log_start_floor)
         try:
-            results = await self._commit(lambda txn: txn.set_data(path, _state_json(new), version=expected_version),
+            results = await self._commit(lambda txn: txn.set_data(path, znodes.state_json(new), version=expected_version),
                                          controller_epoch)
         except (BadVersionError, NoNodeError) as exc:
             raise StaleVersion(f"{topic}-{partition} state is no longer at version {expected_version}") from exc
@@ -947,20 +845,20 @@ class MetadataStore:
         held = self.image.topics.get(topic)
         if held is None:
             raise UnknownTopic(topic)
-        parts = {p: _as_assignment(a) for p, a in assignment.items()}
+        parts = {p: znodes.as_assignment(a) for p, a in assignment.items()}
         new_partitions = dict(new_partitions or {})
         states = dict(states or {})
         if not set(new_partitions) <= set(parts) - set(held.assignment):
             raise ValueError(f"new partitions {sorted(new_partitions)} of {topic} must be in the assignment and new")
 
         def build(txn: Any) -> None:
-            txn.set_data(self._p(self.topic_path(topic)), _topic_json(held.topic_id, parts), version=expected_version)
+            txn.set_data(self._p(self.topic_path(topic)), znodes.topic_json(held.topic_id, parts), version=expected_version)
             for p, state in sorted(new_partitions.items()):
                 txn.create(self._p(f"{self.topic_path(topic)}/partitions/{p}"), b"")
                 txn.create(self._p(self.state_path(topic, p)),
-                           _state_json(_with_epoch(state, controller_epoch)))
+                           znodes.state_json(_with_epoch(state, controller_epoch)))
             for p, (state, version) in sorted(states.items()):
-                txn.set_data(self._p(self.state_path(topic, p)), _state_json(_with_epoch(state, controller_epoch)),
+                txn.set_data(self._p(self.state_path(topic, p)), znodes.state_json(_with_epoch(state, controller_epoch)),
                              version=version)
 
         try:
@@ -993,9 +891,9 @@ class MetadataStore:
 
         def build(txn: Any, partitions: Sequence[int] | None = None) -> None:
             if deletion is None:
-                txn.create(self._p(f"{DELETING}/{name}"), _deletion_json(pending))
+                txn.create(self._p(f"{DELETING}/{name}"), znodes.deletion_json(pending))
             else:
-                txn.set_data(self._p(f"{DELETING}/{name}"), _deletion_json(pending), version=deletion.version)
+                txn.set_data(self._p(f"{DELETING}/{name}"), znodes.deletion_json(pending), version=deletion.version)
             for p in sorted(held.assignment) if partitions is None else partitions:
                 txn.delete(f"{base}/partitions/{p}/state")
                 txn.delete(f"{base}/partitions/{p}")
@@ -1038,7 +936,7 @@ class MetadataStore:
         path = self._p(f"{TOPIC_CONFIGS}/{topic}")
         try:
             results = await self._commit(
-                lambda txn: txn.set_data(path, _dump({"config": dict(configs)}), version=expected_version),
+                lambda txn: txn.set_data(path, znodes.dump({"config": dict(configs)}), version=expected_version),
                 controller_epoch)
         except (BadVersionError, NoNodeError) as exc:
             raise StaleVersion(f"configs of {topic} changed since version {expected_version}") from exc
@@ -1055,7 +953,7 @@ class MetadataStore:
                 data, stat = await self._call(self._kz().get_async(path))
             except NoNodeError:
                 return
-            deletion = _deletion_from(topic, data, stat)
+            deletion = znodes.deletion_from(topic, data, stat)
             if node_id not in deletion.pending.get(topic_id, ()):
                 return
             pending = dict(deletion.pending)
@@ -1063,7 +961,7 @@ class MetadataStore:
             pending = {t: r for t, r in pending.items() if r}
             try:
                 if pending:
-                    await self._call(self._kz().set_async(path, _deletion_json(pending), version=stat.version))
+                    await self._call(self._kz().set_async(path, znodes.deletion_json(pending), version=stat.version))
                 else:
                     await self._call(self._kz().delete_async(path, version=stat.version))
                 await self._read_deletion(topic)
@@ -1083,13 +981,13 @@ class MetadataStore:
                 data, stat = await self._call(self._kz().get_async(path))
             except NoNodeError:
                 try:
-                    await self._call(self._kz().create_async(path, _dump({"broker": node_id, "block_start": 0,
+                    await self._call(self._kz().create_async(path, znodes.dump({"broker": node_id, "block_start": 0,
                                                                           "block_end": block_size})))
                     return 0, block_size
                 except NodeExistsError:
                     continue
-            start = int(_load(data)["block_end"])
-            value = _dump({"broker": node_id, "block_start": start, "block_end": start + block_size})
+            start = int(znodes.load(data)["block_end"])
+            value = znodes.dump({"broker": node_id, "block_start": start, "block_end": start + block_size})
             try:
                 await self._call(self._kz().set_async(path, value, version=stat.version))
                 return start, start + block_size
@@ -1130,7 +1028,7 @@ class MetadataStore:
                                                                watch=self._data_watch))
         except NoNodeError:
             return None
-        v = _load(data)
+        v = znodes.load(data)
         return BrokerInfo(node_id, str(v["host"]), int(v["port"]), v.get("rack"), stat.czxid)
 
     async def _read_broker(self, node_id: int) -> None:
@@ -1190,7 +1088,7 @@ class MetadataStore:
         except NoNodeError:
             self.image.apply_controller(NO_CONTROLLER, self.image.controller_epoch)
             return
-        v = _load(data)
+        v = znodes.load(data)
         self.image.apply_controller(int(v["broker_id"]), int(v["controller_epoch"]))
 
     async def _read_topics(self, full: bool = False) -> None:
@@ -1212,11 +1110,11 @@ class MetadataStore:
             self.pending_creations.discard(name)
             self.image.remove_topic(name, held.created if held is not None else None)
             return None
-        if _creating(data):
+        if znodes.creating(data):
             self.pending_creations.add(name)  # being created in steps: not a topic yet (its watch tells when)
             return None
         self.pending_creations.discard(name)
-        info = _topic_from(name, data, stat)
+        info = znodes.topic_from(name, data, stat)
         if full or held is None or held.created != info.created:     # a new topic or a new incarnation
             partitions = list(info.assignment)
             configs, *states = await asyncio.gather(self._get_configs(name),
@@ -1245,7 +1143,7 @@ class MetadataStore:
                                                                watch=self._data_watch))
         except NoNodeError:
             return None                  # the topic is going: its znode watch removes it
-        return _state_from(data, stat), stat.czxid
+        return znodes.state_from(data, stat), stat.czxid
 
     async def _read_state(self, topic: str, partition: int) -> None:
         got = await self._get_state(topic, partition)
@@ -1259,7 +1157,7 @@ class MetadataStore:
                                                                watch=self._data_watch))
         except NoNodeError:
             return None
-        configs = {str(k): str(v) for k, v in _load(data).get("config", {}).items()}
+        configs = {str(k): str(v) for k, v in znodes.load(data).get("config", {}).items()}
         return configs, stat.version, stat.czxid
 
     async def _read_configs(self, topic: str) -> None:
@@ -1283,7 +1181,7 @@ class MetadataStore:
         except NoNodeError:
             self.image.remove_deletion(name)
             return
-        self.image.apply_deletion(_deletion_from(name, data, stat))
+        self.image.apply_deletion(znodes.deletion_from(name, data, stat))
 
     # ---- watches ---------------------------------------------------------------------------------------------
 
@@ -1357,7 +1255,7 @@ class MetadataStore:
     async def dump(self, rel: str = "") -> dict[str, Any]:
         """The JSON value of a znode (for tests and `oncelog` diagnostics)."""
         data, _ = await self._call(self._kz().get_async(self._p(rel)))
-        return _load(data)
+        return znodes.load(data)
 
     async def stat(self, rel: str) -> Any:
         """A znode's ZooKeeper stat (versions, zxids: which transaction wrote it), for tests and diagnostics."""
