@@ -553,7 +553,7 @@ class MetadataStore:
     async def _register(self, reg: _Registration) -> int:
         path = self._p(f"{BROKERS}/{reg.node_id}")
         value = znodes.dump({"host": reg.host, "port": reg.port, "rack": reg.rack, "instance_id": reg.instance_id,
-                       "timestamp": int(time.time() * 1000), **reg.extra})
+                             "timestamp": int(time.time() * 1000), **reg.extra})
         deadline: float | None = None
         while True:
             try:
@@ -608,8 +608,8 @@ class MetadataStore:
 
             def build(txn: Any, epoch: int = epoch, version: int = stat.version) -> None:
                 txn.create(self._p(CONTROLLER), znodes.dump({"broker_id": node_id, "broker_epoch": broker_epoch,
-                                                       "controller_epoch": epoch,
-                                                       "timestamp": int(time.time() * 1000)}), ephemeral=True)
+                                                             "controller_epoch": epoch,
+                                                             "timestamp": int(time.time() * 1000)}), ephemeral=True)
                 txn.set_data(self._p(CONTROLLER_EPOCH), znodes.dump({"controller_epoch": epoch}), version=version)
 
             try:
@@ -820,8 +820,8 @@ class MetadataStore:
             new = PartitionState(new.leader, new.leader_epoch, new.isr, controller_epoch, new.version,
                                  new.log_start_floor)
         try:
-            results = await self._commit(lambda txn: txn.set_data(path, znodes.state_json(new), version=expected_version),
-                                         controller_epoch)
+            results = await self._commit(
+                lambda txn: txn.set_data(path, znodes.state_json(new), version=expected_version), controller_epoch)
         except (BadVersionError, NoNodeError) as exc:
             raise StaleVersion(f"{topic}-{partition} state is no longer at version {expected_version}") from exc
         stat = results[-1]
@@ -858,8 +858,8 @@ class MetadataStore:
                 txn.create(self._p(self.state_path(topic, p)),
                            znodes.state_json(_with_epoch(state, controller_epoch)))
             for p, (state, version) in sorted(states.items()):
-                txn.set_data(self._p(self.state_path(topic, p)), znodes.state_json(_with_epoch(state, controller_epoch)),
-                             version=version)
+                txn.set_data(self._p(self.state_path(topic, p)),
+                             znodes.state_json(_with_epoch(state, controller_epoch)), version=version)
 
         try:
             results = await self._commit(build, controller_epoch)
@@ -981,8 +981,8 @@ class MetadataStore:
                 data, stat = await self._call(self._kz().get_async(path))
             except NoNodeError:
                 try:
-                    await self._call(self._kz().create_async(path, znodes.dump({"broker": node_id, "block_start": 0,
-                                                                          "block_end": block_size})))
+                    await self._call(self._kz().create_async(
+                        path, znodes.dump({"broker": node_id, "block_start": 0, "block_end": block_size})))
                     return 0, block_size
                 except NodeExistsError:
                     continue
