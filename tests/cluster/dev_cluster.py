@@ -111,7 +111,11 @@ def round_trip(bootstrap: str, topic: str | None = None, replication: int = 1, t
         topic = f"t-{uuid.uuid4().hex[:8]}"
         create_topic(bootstrap, topic, replication)
     value = uuid.uuid4().hex.encode()
-    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", retries=20, request_timeout_ms=30000)
+    # Retried until `timeout`, not a count of retries: after a leader's SIGKILL the others answer
+    # NOT_LEADER_OR_FOLLOWER until the controller has declared it dead and elected, which on a loaded machine
+    # outlasted 20 retries of 100 ms once.
+    producer = KafkaProducer(bootstrap_servers=bootstrap, acks="all", retry_backoff_ms=250,
+                             request_timeout_ms=30000, delivery_timeout_ms=int(timeout * 1000))
     try:
         producer.send(topic, value).get(timeout=timeout)
     finally:
