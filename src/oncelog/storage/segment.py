@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from collections.abc import Callable, Iterator
 
 import crc32c
 
 from ..records.batch import CRC_START, HEADER_SIZE, LOG_OVERHEAD, MAGIC, BatchHeader, read_header
+from . import delayed_unlink
 from .index import INT32_MAX, OffsetIndex, TimeIndex
 
 LOG_SUFFIX = ".log"
@@ -33,14 +33,6 @@ _TAIL_CHUNK = 64 * 1024
 _RECOVER_CHUNK = 1024 * 1024
 
 log = logging.getLogger(__name__)
-
-
-def _unlink_quietly(paths: list[str]) -> None:
-    for path in paths:
-        try:
-            os.unlink(path)
-        except OSError:
-            pass
 
 
 def segment_path(directory: str, base_offset: int, suffix: str) -> str:
@@ -479,9 +471,7 @@ class LogSegment:
             if path is not None:
                 renamed.append(path)
         if renamed:
-            timer = threading.Timer(delay_ms / 1000, _unlink_quietly, (renamed,))
-            timer.daemon = True
-            timer.start()
+            delayed_unlink.schedule(renamed, delay_ms / 1000)
 
     def __repr__(self) -> str:
         return f"LogSegment({self.log_path!r}, size={self.size}, next_offset={self.next_offset})"

@@ -304,8 +304,8 @@ class LogCleaner:
         if not result.groups:
             return False
         # SWAP_CHUNK groups at a time, the loop free in between: a chunk costs its renames and five fsyncs
-        # (about 2 ms for one group, 3-4 ms for eight here), and a first round over a dirty log has a group per
-        # source segment, hundreds for a big log.
+        # (2-4 ms for eight here), and a first round over a dirty log has a group per source segment, hundreds
+        # for a big log.
         generation: int | None = view.generation
         swapped_to = None
         longest_swap_ms = 0.0
@@ -318,11 +318,15 @@ class LogCleaner:
             except Exception:  # noqa: BLE001 - the log went offline (its own error says why); others go on
                 log.exception("%s-%d: swapping in the cleaned segments failed", topic, index)
                 generation = None
-            longest_swap_ms = max(longest_swap_ms, (time.perf_counter() - swap_started) * 1000)
+            held = time.perf_counter() - swap_started
+            longest_swap_ms = max(longest_swap_ms, held * 1000)
             if generation is None:
                 break
             swapped_to = chunk[-1].next_offset
-            await asyncio.sleep(0)
+            # As long again with the loop free: back to back, the chunks of a big round held the loop nine
+            # tenths of the time, and a produce request needs several turns of it (measured: p99 178 ms,
+            # max 214 ms while a 271 MB round swapped in, against 9 ms without a clean).
+            await asyncio.sleep(min(held, 0.05))
         if swapped_to is None:
             log.info("%s-%d: cleaned segments dropped, the log changed meanwhile; tried again later", topic, index)
             return False
