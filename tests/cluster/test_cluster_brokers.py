@@ -115,6 +115,9 @@ def test_create_topics_spreads_leaders_and_checks_the_replication_factor(cluster
     # only follows it does.
     assert produce(c, 1, "placed", 0, [b"x"])[0] == NOT_LEADER
     create(c, NewTopic("elsewhere", num_partitions=1, replica_assignment=[[2]]))
+    # Broker 1 learns of the topic within a watch round trip; before that it answers UNKNOWN_TOPIC_OR_PARTITION,
+    # as a Kafka broker whose metadata cache lags does.
+    wait_for(lambda: partitions(c, "elsewhere", via=1), "broker 1 to show the topic", timeout=30)
     assert produce(c, 1, "elsewhere", 0, [b"x"])[0] == NOT_LEADER
     wait_for(lambda: produce(c, 2, "elsewhere", 0, [b"x"]) == (NONE, 0), "broker 2 to lead its partition", 30)
 
