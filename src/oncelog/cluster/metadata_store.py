@@ -1,24 +1,15 @@
 """Cluster metadata on ZooKeeper: the znode layout of docs/cluster.md §2, its writes, its watches, the session.
 
-This is the only module that imports kazoo. It owns:
+The facade over `cluster/store/` (docs/metadata-store.md): the session, its lease and the bridge from kazoo's threads
+to asyncio are store/session.py's; this module owns:
 
-- the layout under a chroot (default /oncelog) and its JSON values, each with a `version` field;
 - broker registration (an ephemeral znode whose czxid is the broker epoch), the controller seat (an ephemeral
   /controller created together with the increment of /controller_epoch, in one transaction), and every write the
   controller and partition leaders make: compare-and-set on the znode version, and for the controller a check of
   /controller_epoch's version in the same multi-op, so a deposed controller's writes fail as a unit;
 - watches that re-read what changed and apply it to the `MetadataImage`, on the asyncio loop;
-- the session: CONNECTED / SUSPENDED / LOST as kazoo reports them, the lease of §5.4, and after a new session the
-  re-registration (a new broker epoch) and a full read;
-- the seat session (docs/cluster.md §5.1): with `controller_session_timeout_ms`, a second, shorter session of the
-  same broker that holds only /controller, so a dead controller's seat frees after that timeout rather than the
-  broker's. It is opened with the main one and kept open (an election needs no connect); every other read,
-  watch and write stays on the main session. Fencing does not depend on either session's timing: it is the
-  /controller_epoch version check in every controller write.
-
-Threads: kazoo runs its own threads; its watch, state and completion callbacks only hand work to the event loop
-(`call_soon_threadsafe`), where the image is updated. Calls on the loop use kazoo's `*_async` variants bridged to
-asyncio futures; the few blocking calls (starting and stopping the client) run in the default executor.
+- what a change of session means: after a new session the re-registration (a new broker epoch), then a full read,
+  then CONNECTED announced to the listeners.
 """
 
 from __future__ import annotations
@@ -32,22 +23,14 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import (
     BadVersionError,
-    ConnectionClosedError,
-    ConnectionLoss,
     KazooException,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
-    OperationTimeoutError,
-    RolledBackError,
-    RuntimeInconsistency,
-    SessionExpiredError,
 )
-from kazoo.protocol.serialization import Transaction
-from kazoo.protocol.states import EventType, KazooState
+from kazoo.protocol.states import EventType
 
 from .connect import parse_connect
 from .metadata_image import (
@@ -72,6 +55,7 @@ from .store.errors import (  # noqa: F401 - callers import these names from here
     TopicExists,
     UnknownTopic,
 )
+from .store.session import SessionHooks, StoreSession
 from .store.znodes import (  # noqa: F401 - callers import these names from here
     BROKERS,
     CLUSTER_ID,
@@ -90,22 +74,6 @@ from .store.znodes import (  # noqa: F401 - callers import these names from here
 )
 
 log = logging.getLogger(__name__)
-
-_CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
-
-
-# ---- clock -------------------------------------------------------------------------------------------------------
-
-def _clock() -> float:
-    """Seconds that keep counting while the machine is suspended (CLOCK_BOOTTIME), so a lease measured with
-    it can only expire early, never late."""
-    boottime = getattr(time, "CLOCK_BOOTTIME", None)
-    if boottime is not None:
-        try:
-            return time.clock_gettime(boottime)
-        except OSError:
-            pass
-    return time.monotonic()
 
 
 @dataclass(frozen=True)
@@ -137,33 +105,23 @@ class MetadataStore:
         self.servers = parsed.servers
         self.root = (parsed.chroot or chroot).rstrip("/")
         self.session_timeout_ms = session_timeout_ms
+        self.seat_timeout_ms = controller_session_timeout_ms
         self.loop = loop
         self.image = image
+        hooks = SessionHooks(main_lost=self._main_session_lost, main_replaced=self._main_session_replaced,
+                             resync=self._resync, seat_lost=self._seat_session_lost,
+                             seat_replaced=self._seat_session_replaced)
+        # MAX_MULTI_BYTES is read from this module at each request: lowering it here is how tests make small
+        # topics reach the limit.
+        self.session = StoreSession(self.servers, self.root, session_timeout_ms, loop, hooks,
+                                    controller_session_timeout_ms, max_multi_bytes=lambda: MAX_MULTI_BYTES)
         self.cluster_id = ""
-        self.state = LOST
         self.broker_epoch: int | None = None
         self.fatal_error: BaseException | None = None
-        self._client: KazooClient | None = None
-        self._session_id: int | None = None
-        # The seat session (None: the seat rides the main session, as a store without a controller needs).
-        self.seat_timeout_ms = controller_session_timeout_ms
-        self.seat_state = LOST
-        self._seat_client: KazooClient | None = None
-        self._seat_session_id: int | None = None
-        self._seat_listeners: list[Callable[[str], None]] = []
-        self.negotiated_ms: dict[str, int] = {}                 # "broker" / "controller" -> what ZooKeeper granted
         self._registration: _Registration | None = None
         self._controller: tuple[int, int] | None = None       # (controller epoch, /controller_epoch znode version)
         # Topics whose znode says `creating` (created in steps by a controller, not visible yet).
         self.pending_creations: set[str] = set()
-        self._listeners: list[Callable[[str], None]] = []
-        self._tasks: set[asyncio.Task] = set()
-        self._confirmed_at = float("-inf")
-        self._confirmed_session: int | None = None
-        self._lease_task: asyncio.Task | None = None
-        self._resync_task: asyncio.Task | None = None
-        self._closing = False
-        self._needs_resync = False
         self._registered_session: int | None = None
         self._renewing = False
         self.keep_registered = True      # False once the broker is leaving: a removed registration stays removed
@@ -173,7 +131,7 @@ class MetadataStore:
     # ---- paths -----------------------------------------------------------------------------------------------
 
     def _p(self, rel: str) -> str:
-        return self.root + rel
+        return self.session.path(rel)
 
     @staticmethod
     def topic_path(topic: str) -> str:
@@ -183,105 +141,76 @@ class MetadataStore:
     def state_path(topic: str, partition: int) -> str:
         return znodes.state_path(topic, partition)
 
+    # ---- the session (store/session.py) ------------------------------------------------------------------------
+
     @property
     def timeout_s(self) -> float:
-        return self.session_timeout_ms / 1000.0
+        return self.session.timeout_s
 
-    # ---- lifecycle -------------------------------------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        return self.session.state
+
+    @property
+    def seat_state(self) -> str:
+        return self.session.seat_state
+
+    @property
+    def negotiated_ms(self) -> dict[str, int]:
+        return self.session.negotiated_ms
+
+    @property
+    def session_id(self) -> int | None:
+        return self.session.session_id
+
+    @property
+    def seat_session_id(self) -> int | None:
+        """The session that owns /controller when this broker holds it (ephemeralOwner)."""
+        return self.session.seat_session_id
+
+    @property
+    def controller_usable(self) -> bool:
+        """Whether this broker may act as controller as far as its sessions go: the main one (its registration,
+        its writes) and the seat's are both CONNECTED."""
+        return self.session.controller_usable
+
+    def client_id(self) -> tuple[int, bytes] | None:
+        """kazoo's (session id, password): lets a test expire this session from another client."""
+        return self.session.client_id()
+
+    def lease_valid(self) -> bool:
+        """Whether acks=all may still be acknowledged (docs/cluster.md §5.4); see StoreSession.lease_valid."""
+        return self.session.lease_valid()
 
     def on_state_change(self, listener: Callable[[str], None]) -> None:
         """`listener(state)` on the loop at each change of `state`; CONNECTED comes after the image is re-read."""
-        self._listeners.append(listener)
+        self.session.on_state_change(listener)
+
+    def on_seat_state_change(self, listener: Callable[[str], None]) -> None:
+        """`listener(state)` on the loop at each change of `seat_state` (only with a seat session)."""
+        self.session.on_seat_state_change(listener)
+
+    # ---- lifecycle -------------------------------------------------------------------------------------------
 
     async def start(self, timeout_s: float, cluster_id: str | None = None) -> None:
         """Connect (retrying with backoff and logging while the service is unreachable), create the layout,
         create the cluster id if absent (`cluster_id` proposes one), read the whole image and set its watches.
         Raises StoreUnavailable if no session opened within `timeout_s`."""
         deadline = self.loop.time() + timeout_s
-        self._client = self._new_client("broker", self.session_timeout_ms)
-        self._client.add_listener(self._on_kazoo_state)
-        await self.loop.run_in_executor(None, self._client.start_async)
-        await self._wait_connected(self._client, deadline, timeout_s)
-        self._session_id = self._client.client_id[0] if self._client.client_id else None
-        self._confirmed_at, self._confirmed_session = _clock(), self._session_id
+        await self.session.open(deadline, timeout_s)
         await self._ensure_layout(cluster_id)
-        if self.seat_timeout_ms is not None:
-            # Opened now and kept open: an election is then one multi-op, with no connect in the way.
-            self._seat_client = self._new_client("controller", self.seat_timeout_ms)
-            self._seat_client.add_listener(self._on_seat_kazoo_state)
-            await self.loop.run_in_executor(None, self._seat_client.start_async)
-            await self._wait_connected(self._seat_client, deadline, timeout_s)
-            self._seat_session_id = self._seat_client.client_id[0] if self._seat_client.client_id else None
-            self._set_seat_state(CONNECTED)
+        await self.session.open_seat(deadline, timeout_s)
         await self._full_read()
-        self._set_state(CONNECTED)
-        self._lease_task = self.loop.create_task(self._confirm_loop())
+        self.session.set_state(CONNECTED)
+        self.session.start_lease()
         log.info("metadata store connected to %s%s, cluster id %s", self.servers, self.root, self.cluster_id)
 
-    def _new_client(self, what: str, timeout_ms: int) -> KazooClient:
-        """A kazoo client asking for a `timeout_ms` session. ZooKeeper grants a timeout clamped to [2, 20] ticks of
-        its tickTime; the granted one is kept in `negotiated_ms[what]` and logged when it differs."""
-        timeout_s = timeout_ms / 1000.0
-        client = KazooClient(hosts=self.servers, timeout=timeout_s,
-                             connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2,
-                                               "max_delay": max(0.2, timeout_s / 6)})
-        connection = getattr(client, "_connection", None)
-        connect = getattr(connection, "_connect", None)
-        if connect is not None:
-            # kazoo keeps the granted timeout to itself: its connect step returns the read timeout it derives from
-            # it (2/3 of the granted timeout, in ms), which is the only place to learn it from.
-            def connect_and_note(*args: Any, _connect: Any = connect) -> Any:
-                result = _connect(*args)
-                try:
-                    granted = round(float(result[0]) * 3 / 2)
-                except (TypeError, ValueError, IndexError):
-                    return result
-                if self.negotiated_ms.get(what) != granted and granted != timeout_ms:
-                    log.warning("ZooKeeper granted a %d ms %s session for the %d ms asked (it clamps session "
-                                "timeouts to 2-20 ticks of its tickTime)", granted, what, timeout_ms)
-                self.negotiated_ms[what] = granted
-                return result
-
-            connection._connect = connect_and_note
-        return client
-
-    async def _wait_connected(self, client: KazooClient, deadline: float, timeout_s: float) -> None:
-        report_every = 1.0
-        while not client.connected:
-            remaining = deadline - self.loop.time()
-            if remaining <= 0:
-                await self.close()
-                raise StoreUnavailable(f"no ZooKeeper session with {self.servers} after {timeout_s:.0f}s")
-            try:
-                async with asyncio.timeout(min(remaining, report_every)):
-                    while not client.connected:
-                        await asyncio.sleep(0.05)
-            except TimeoutError:
-                log.warning("coordination service %s unreachable for %.0fs; retrying (gives up after %.0fs)",
-                            self.servers, timeout_s - (deadline - self.loop.time()), timeout_s)
-                report_every = 5.0
-
     async def close(self) -> None:
-        """End the session (ephemeral znodes go at once) and stop kazoo's threads."""
-        self._closing = True
-        for task in [self._lease_task, self._resync_task, *self._tasks]:
-            if task is not None and not task.done():
-                task.cancel()
-        seat, self._seat_client = self._seat_client, None
-        client, self._client = self._client, None
-        for kazoo in (seat, client):       # the seat first: /controller frees before the registration goes
-            if kazoo is not None:
-                def stop(kazoo: KazooClient = kazoo) -> None:
-                    try:
-                        kazoo.stop()
-                    finally:
-                        kazoo.close()
-                await self.loop.run_in_executor(None, stop)
-        self.seat_state = LOST
+        """End the sessions (ephemeral znodes go at once) and stop kazoo's threads."""
+        await self.session.close()
         self._registration = None
         self._controller = None
         self.broker_epoch = None
-        self.state = LOST
 
     async def _ensure_layout(self, cluster_id: str | None) -> None:
         for rel in ("", BROKERS, TOPICS, TOPIC_CONFIGS, DELETING):
@@ -299,240 +228,89 @@ class MetadataStore:
         self.cluster_id = str(znodes.load(data)["id"])
         self.image.apply_cluster_id(self.cluster_id)
 
-    def _kz(self) -> KazooClient:
-        if self._client is None:
-            raise StoreUnavailable("the metadata store is not started")
-        return self._client
+    # ---- what a change of session means (the session tells, SessionHooks) ----------------------------------
 
-    # ---- bridging kazoo to asyncio ---------------------------------------------------------------------------
-
-    async def _call(self, async_result: Any, timeout: float | None = None, *, confirms: bool = True) -> Any:
-        """Await a kazoo IAsyncResult on the loop; a successful answer also confirms the session (the lease),
-        unless `confirms` is False (an answer on the seat session says nothing of the main one).
-        A lost connection, an expired session or no answer within the session timeout is StoreUnavailable."""
-        future = self.loop.create_future()
-        started, session = _clock(), (self._session_id if confirms else None)
-
-        def settle(value: Any, error: BaseException | None) -> None:
-            if future.done():
-                return
-            if error is None:
-                future.set_result(value)
-                if session is not None and session == self._session_id:
-                    self._confirmed_at = max(self._confirmed_at, started)
-            else:
-                future.set_exception(error)
-
-        def done(result: Any) -> None:      # kazoo's thread
-            try:
-                value, error = result.get_nowait(), None
-            except BaseException as exc:   # noqa: BLE001 - handed to the awaiting coroutine
-                value, error = None, exc
-            try:
-                self.loop.call_soon_threadsafe(settle, value, error)
-            except RuntimeError:           # the loop is closed: nobody waits any more
-                pass
-
-        async_result.rawlink(done)
-        try:
-            # asyncio.timeout, not wait_for: Python 3.11's wait_for can swallow a cancellation that arrives as the
-            # answer does, which leaves the cancelled task running
-            async with asyncio.timeout(timeout if timeout is not None else self.timeout_s):
-                return await future
-        except _CONNECTION_ERRORS as exc:
-            raise StoreUnavailable(f"ZooKeeper request failed: {exc!r}") from exc
-        except TimeoutError as exc:
-            raise StoreUnavailable("ZooKeeper request timed out") from exc
-
-    async def _commit(self, build: Callable[[Any], None], controller_epoch: int | None, *,
-                      seat: bool = False) -> list[Any]:
-        """One multi-op; with `controller_epoch`, first the check that this controller's epoch is current.
-        Returns the results; raises NotController when the check failed, else the first failing op's error.
-        `seat`: on the seat session (the seat's own znode), else on the main session."""
-        if controller_epoch is not None:
-            if self._controller is None or self._controller[0] != controller_epoch:
-                raise NotController(f"controller epoch {controller_epoch} is not held by this broker")
-        txn = (self._seat_kz() if seat else self._kz()).transaction()
-        if controller_epoch is not None:
-            assert self._controller is not None
-            txn.check(self._p(CONTROLLER_EPOCH), self._controller[1])
-        build(txn)
-        size = len(Transaction(txn.operations).serialize())
-        if size > MAX_MULTI_BYTES:
-            raise RequestTooLarge(f"a {size}-byte ZooKeeper transaction of {len(txn.operations)} operations "
-                                  f"(at most {MAX_MULTI_BYTES} bytes)")
-        results = await self._call(txn.commit_async(), confirms=not seat)
-        failures = [r for r in results if isinstance(r, Exception)]
-        if not failures:
-            return results
-        if controller_epoch is not None and isinstance(results[0], (BadVersionError, NoNodeError)):
+    def _main_session_lost(self) -> None:
+        self.broker_epoch = None
+        if not self.session.has_seat_session:
+            log.warning("ZooKeeper session expired (LOST): registration and controller seat are gone")
             self._controller = None
-            raise NotController(f"controller epoch {controller_epoch} is no longer current")
-        first = next(r for r in failures if not isinstance(r, (RolledBackError, RuntimeInconsistency)))
-        raise first
-
-    def _require_connected(self) -> None:
-        if self.state != CONNECTED or self._client is None:
-            raise StoreUnavailable(f"ZooKeeper session is {self.state}")
-
-    def _seat_kz(self) -> KazooClient:
-        """The client that holds /controller: the seat session's, or the main one without a seat session."""
-        if self.seat_timeout_ms is None:
-            return self._kz()
-        if self._seat_client is None:
-            raise StoreUnavailable("the metadata store is not started")
-        return self._seat_client
-
-    @property
-    def seat_session_id(self) -> int | None:
-        """The session that owns /controller when this broker holds it (ephemeralOwner)."""
-        return self._session_id if self.seat_timeout_ms is None else self._seat_session_id
-
-    @property
-    def controller_usable(self) -> bool:
-        """Whether this broker may act as controller as far as its sessions go: the main one (its registration,
-        its writes) and the seat's are both CONNECTED."""
-        return self.state == CONNECTED and (self.seat_timeout_ms is None or self.seat_state == CONNECTED)
-
-    # ---- session state ---------------------------------------------------------------------------------------
-
-    def _on_kazoo_state(self, state: str) -> None:    # kazoo's thread
-        try:
-            self.loop.call_soon_threadsafe(self._kazoo_state_changed, state)
-        except RuntimeError:
-            pass
-
-    def _kazoo_state_changed(self, state: str) -> None:
-        if self._closing or self._client is None:
-            return
-        if state == KazooState.SUSPENDED:
-            log.warning("ZooKeeper connection lost; session may still be alive (SUSPENDED)")
-            self._needs_resync = True
-            self._set_state(SUSPENDED)
-        elif state == KazooState.LOST:
-            self._needs_resync = True
-            self.broker_epoch = None
-            self._confirmed_session = None
-            if self.seat_timeout_ms is None:
-                log.warning("ZooKeeper session expired (LOST): registration and controller seat are gone")
+        else:
+            log.warning("ZooKeeper session expired (LOST): registration is gone%s",
+                        "; giving up the controller seat" if self._controller is not None else "")
+            # A broker without a registration must not control; its seat session may live on, so the seat is
+            # freed (the others see this broker dead, and elect at once).
+            if self._controller is not None:
                 self._controller = None
-            else:
-                log.warning("ZooKeeper session expired (LOST): registration is gone%s",
-                            "; giving up the controller seat" if self._controller is not None else "")
-                # A broker without a registration must not control; its seat session may live on, so the seat is
-                # freed (the others see this broker dead, and elect at once).
-                if self._controller is not None:
-                    self._controller = None
-                    self._spawn(self.release_seat, "the controller seat")
-            self._set_state(LOST)
-        elif state == KazooState.CONNECTED and self._needs_resync:   # (start() reads the first session itself)
-            self._needs_resync = False
-            client_id = self._client.client_id
-            session = client_id[0] if client_id else None
-            if self._resync_task is not None and not self._resync_task.done():
-                self._resync_task.cancel()
-            self._resync_task = self.loop.create_task(self._resync(session))
+                self.session.spawn(self.release_seat, "the controller seat")
 
-    async def _resync(self, session: int | None) -> None:
-        """After a reconnect kazoo has dropped every watch: read everything again. After a new session (the old
-        one expired) register again first, which gives this broker a new epoch."""
-        if session != self._session_id:
-            self._session_id = session
-            self._controller = None
-            log.info("new ZooKeeper session %s after expiry: registering again and re-reading metadata",
-                     hex(session or 0))
-        self._confirmed_at, self._confirmed_session = _clock(), self._session_id
+    def _main_session_replaced(self) -> None:
+        self._controller = None
+        log.info("new ZooKeeper session %s after expiry: registering again and re-reading metadata",
+                 hex(self.session.session_id or 0))
+
+    async def _resync(self) -> None:
+        """After a reconnection kazoo has dropped every watch: read everything again, retried while connected.
+        After a new session (the old one expired) register again first, which gives this broker a new epoch; only
+        then announce CONNECTED, so a listener that sees it sees this session's epoch and image."""
         backoff = 0.2
-        while self._client is not None and self._client.connected and not self._closing:
+        while self.session.connected:
             try:
-                if self._registration is not None and self._registered_session != self._session_id:
+                if self._registration is not None and self._registered_session != self.session.session_id:
                     await self._register(self._registration)
                 await self._full_read()
-                self._set_state(CONNECTED)
+                self.session.set_state(CONNECTED)
                 return
             except asyncio.CancelledError:
                 raise
             except BrokerIdInUse as exc:
                 log.error("cannot register again: %s", exc)
                 self.fatal_error = exc
-                self._set_state(LOST)
+                self.session.set_state(LOST)
                 return
             except Exception:
                 log.exception("re-reading metadata after reconnect failed; retrying in %.1fs", backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.timeout_s / 3)
 
-    def _set_state(self, state: str) -> None:
-        if state == self.state:
-            return
-        self.state = state
-        for listener in list(self._listeners):
-            try:
-                listener(state)
-            except Exception:
-                log.exception("metadata store state listener failed")
+    def _seat_session_lost(self) -> None:
+        if self._controller is not None:
+            log.warning("controller seat session expired (LOST): no longer controller (epoch %d)",
+                        self._controller[0])
+        self._controller = None
 
-    # ---- the seat session ------------------------------------------------------------------------------------
+    def _seat_session_replaced(self) -> None:
+        self._controller = None          # a new seat session owns nothing (its /controller went with it)
 
-    def on_seat_state_change(self, listener: Callable[[str], None]) -> None:
-        """`listener(state)` on the loop at each change of `seat_state` (only with a seat session)."""
-        self._seat_listeners.append(listener)
+    # ---- requests ------------------------------------------------------------------------------------------
 
-    def _on_seat_kazoo_state(self, state: str) -> None:    # kazoo's thread
+    def _kz(self) -> Any:
+        return self.session.kz()
+
+    def _seat_kz(self) -> Any:
+        return self.session.seat_kz()
+
+    async def _call(self, async_result: Any, timeout: float | None = None, *, confirms: bool = True) -> Any:
+        return await self.session.call(async_result, timeout, confirms=confirms)
+
+    def _require_connected(self) -> None:
+        self.session.require_connected()
+
+    async def _commit(self, build: Callable[[Any], None], controller_epoch: int | None, *,
+                      seat: bool = False) -> list[Any]:
+        """One multi-op (StoreSession.commit); with `controller_epoch`, behind the check that this controller's
+        epoch is current. Raises NotController when this broker does not hold that epoch, or when the check
+        failed (the seat is then forgotten), else the first failing op's error."""
+        held = None
+        if controller_epoch is not None:
+            held = self._controller
+            if held is None or held[0] != controller_epoch:
+                raise NotController(f"controller epoch {controller_epoch} is not held by this broker")
         try:
-            self.loop.call_soon_threadsafe(self._seat_kazoo_state_changed, state)
-        except RuntimeError:
-            pass
-
-    def _seat_kazoo_state_changed(self, state: str) -> None:
-        client = self._seat_client
-        if self._closing or client is None:
-            return
-        if state == KazooState.SUSPENDED:
-            log.warning("controller seat session: connection lost; the session may still be alive (SUSPENDED)")
-            self._set_seat_state(SUSPENDED)
-        elif state == KazooState.LOST:
-            if self._controller is not None:
-                log.warning("controller seat session expired (LOST): no longer controller (epoch %d)",
-                            self._controller[0])
+            return await self.session.commit(build, held, seat=seat)
+        except NotController:
             self._controller = None
-            self._set_seat_state(LOST)
-        elif state == KazooState.CONNECTED:
-            session = client.client_id[0] if client.client_id else None
-            if session != self._seat_session_id:
-                self._controller = None          # a new seat session owns nothing (its /controller went with it)
-                self._seat_session_id = session
-            self._set_seat_state(CONNECTED)
-
-    def _set_seat_state(self, state: str) -> None:
-        if state == self.seat_state:
-            return
-        self.seat_state = state
-        for listener in list(self._seat_listeners):
-            try:
-                listener(state)
-            except Exception:
-                log.exception("controller seat state listener failed")
-
-    def lease_valid(self) -> bool:
-        """Whether acks=all may still be acknowledged (docs/cluster.md §5.4): the session is not known lost and
-        the last confirmed round trip started less than session timeout × 2/3 ago. ZooKeeper cannot expire the
-        session before a full session timeout after it last heard from us, which is after that start."""
-        if self.state == LOST or self._confirmed_session is None or self._confirmed_session != self._session_id:
-            return False
-        return _clock() - self._confirmed_at < self.timeout_s * 2 / 3
-
-    async def _confirm_loop(self) -> None:
-        """Confirm the session every session timeout / 3 (the lease's heartbeat)."""
-        interval = self.timeout_s / 3
-        while not self._closing:
-            await asyncio.sleep(interval)
-            if self._client is None or not self._client.connected:
-                continue
-            try:
-                await self._call(self._kz().exists_async(self._p(CONTROLLER_EPOCH)), timeout=interval)
-            except (KazooException, StoreError):
-                pass
+            raise
 
     # ---- registration ----------------------------------------------------------------------------------------
 
@@ -565,7 +343,7 @@ class MetadataStore:
                 data, stat = await self._call(self._kz().get_async(path))
             except NoNodeError:
                 continue
-            if stat.ephemeralOwner == self._session_id:       # ours already (a create answered after a reconnect)
+            if stat.ephemeralOwner == self.session.session_id:       # ours already (a create answered after a reconnect)
                 break
             held = znodes.load(data)
             where = f"{held.get('host')}:{held.get('port')}"
@@ -583,7 +361,7 @@ class MetadataStore:
                                     f"(its session did not expire within {self.timeout_s:.1f}s)")
             await asyncio.sleep(min(0.2, max(0.01, deadline - now)))
         self.broker_epoch = stat.czxid
-        self._registered_session = self._session_id
+        self._registered_session = self.session.session_id
         self.image.apply_broker(BrokerInfo(reg.node_id, reg.host, reg.port, reg.rack, stat.czxid))
         log.info("registered node.id %d at %s:%d, broker epoch %d", reg.node_id, reg.host, reg.port, stat.czxid)
         await self._read_broker(reg.node_id)          # arms the watch on our own registration
@@ -1036,8 +814,8 @@ class MetadataStore:
         if info is None:
             self.image.remove_broker(node_id)
             reg = self._registration
-            if reg is not None and reg.node_id == node_id and self._registered_session == self._session_id:
-                self._spawn(self._renew_registration, "this broker's registration")
+            if reg is not None and reg.node_id == node_id and self._registered_session == self.session.session_id:
+                self.session.spawn(self._renew_registration, "this broker's registration")
         else:
             self.image.apply_broker(info)
 
@@ -1046,8 +824,8 @@ class MetadataStore:
         (cluster/crash_probe.py), or by hand. Registering again gives it a new broker epoch, which the controller
         treats as a restart; a broker that is leaving stays gone."""
         reg = self._registration
-        if (self._renewing or reg is None or not self.keep_registered or self._closing
-                or self._registered_session != self._session_id):
+        if (self._renewing or reg is None or not self.keep_registered or self.session.closing
+                or self._registered_session != self.session.session_id):
             return
         self._renewing = True
         try:
@@ -1200,7 +978,7 @@ class MetadataStore:
             pass
 
     def _dispatch(self, path: str, children: bool) -> None:
-        if self._closing or not path.startswith(self.root):
+        if self.session.closing or not path.startswith(self.root):
             return
         rel = path[len(self.root):]
         parts = rel.strip("/").split("/")
@@ -1224,33 +1002,9 @@ class MetadataStore:
         elif parts[0] == "deleting" and len(parts) == 2:
             read = functools.partial(self._read_deletion, parts[1])
         if read is not None:
-            self._spawn(read, rel)
-
-    def _spawn(self, read: Callable[[], Awaitable[Any]], what: str) -> None:
-        """Run a re-read as a task; a connection failure is left to the reconnect, which re-reads everything."""
-        async def run() -> None:
-            try:
-                await read()
-            except asyncio.CancelledError:
-                raise
-            except StoreUnavailable:
-                pass
-            except Exception:
-                log.exception("re-reading %s after a watch failed", what)
-
-        task = self.loop.create_task(run())
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+            self.session.spawn(read, rel)
 
     # ---- helpers for tests and tools -------------------------------------------------------------------------
-
-    @property
-    def session_id(self) -> int | None:
-        return self._session_id
-
-    def client_id(self) -> tuple[int, bytes] | None:
-        """kazoo's (session id, password): lets a test expire this session from another client."""
-        return None if self._client is None else self._client.client_id
 
     async def dump(self, rel: str = "") -> dict[str, Any]:
         """The JSON value of a znode (for tests and `oncelog` diagnostics)."""
