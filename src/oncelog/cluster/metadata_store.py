@@ -18,14 +18,11 @@ import asyncio
 import contextlib
 import functools
 import logging
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from kazoo.exceptions import (
     BadVersionError,
-    KazooException,
     NodeExistsError,
     NoNodeError,
     NotEmptyError,
@@ -55,7 +52,8 @@ from .store.errors import (  # noqa: F401 - callers import these names from here
     TopicExists,
     UnknownTopic,
 )
-from .store.session import SessionHooks, StoreSession
+from .store.registration import BrokerRegistration, ControllerSeat
+from .store.session import Build, SessionHooks, StoreSession
 from .store.znodes import (  # noqa: F401 - callers import these names from here
     BROKERS,
     CLUSTER_ID,
@@ -74,16 +72,6 @@ from .store.znodes import (  # noqa: F401 - callers import these names from here
 )
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Registration:
-    node_id: int
-    host: str
-    port: int
-    rack: str | None
-    instance_id: str | None
-    extra: dict[str, Any]
 
 
 # ---- the store ---------------------------------------------------------------------------------------------------
@@ -115,16 +103,17 @@ class MetadataStore:
         # topics reach the limit.
         self.session = StoreSession(self.servers, self.root, session_timeout_ms, loop, hooks,
                                     controller_session_timeout_ms, max_multi_bytes=lambda: MAX_MULTI_BYTES)
+        # Controller writes call `_commit` through this, looked up at each call: a test that replaces the store's
+        # `_commit` sees every one of them.
+        def commit(build: Build, controller_epoch: int | None) -> Awaitable[list[Any]]:
+            return self._commit(build, controller_epoch)
+
+        self.registration = BrokerRegistration(self.session, image, self._read_broker, commit)
+        self.seat = ControllerSeat(self.session, image, self._read_controller)
         self.cluster_id = ""
-        self.broker_epoch: int | None = None
         self.fatal_error: BaseException | None = None
-        self._registration: _Registration | None = None
-        self._controller: tuple[int, int] | None = None       # (controller epoch, /controller_epoch znode version)
         # Topics whose znode says `creating` (created in steps by a controller, not visible yet).
         self.pending_creations: set[str] = set()
-        self._registered_session: int | None = None
-        self._renewing = False
-        self.keep_registered = True      # False once the broker is leaving: a removed registration stays removed
         self._data_watch = self._on_watch                       # one callable per kind: kazoo keeps a set per path
         self._child_watch = self._on_child_watch
 
@@ -208,9 +197,8 @@ class MetadataStore:
     async def close(self) -> None:
         """End the sessions (ephemeral znodes go at once) and stop kazoo's threads."""
         await self.session.close()
-        self._registration = None
-        self._controller = None
-        self.broker_epoch = None
+        self.registration.forget()
+        self.seat.forget()
 
     async def _ensure_layout(self, cluster_id: str | None) -> None:
         for rel in ("", BROKERS, TOPICS, TOPIC_CONFIGS, DELETING):
@@ -231,21 +219,11 @@ class MetadataStore:
     # ---- what a change of session means (the session tells, SessionHooks) ----------------------------------
 
     def _main_session_lost(self) -> None:
-        self.broker_epoch = None
-        if not self.session.has_seat_session:
-            log.warning("ZooKeeper session expired (LOST): registration and controller seat are gone")
-            self._controller = None
-        else:
-            log.warning("ZooKeeper session expired (LOST): registration is gone%s",
-                        "; giving up the controller seat" if self._controller is not None else "")
-            # A broker without a registration must not control; its seat session may live on, so the seat is
-            # freed (the others see this broker dead, and elect at once).
-            if self._controller is not None:
-                self._controller = None
-                self.session.spawn(self.release_seat, "the controller seat")
+        self.registration.session_lost()
+        self.seat.main_session_lost()
 
     def _main_session_replaced(self) -> None:
-        self._controller = None
+        self.seat.forget()
         log.info("new ZooKeeper session %s after expiry: registering again and re-reading metadata",
                  hex(self.session.session_id or 0))
 
@@ -256,8 +234,7 @@ class MetadataStore:
         backoff = 0.2
         while self.session.connected:
             try:
-                if self._registration is not None and self._registered_session != self.session.session_id:
-                    await self._register(self._registration)
+                await self.registration.renew_after_new_session()
                 await self._full_read()
                 self.session.set_state(CONNECTED)
                 return
@@ -274,13 +251,59 @@ class MetadataStore:
             backoff = min(backoff * 2, self.timeout_s / 3)
 
     def _seat_session_lost(self) -> None:
-        if self._controller is not None:
-            log.warning("controller seat session expired (LOST): no longer controller (epoch %d)",
-                        self._controller[0])
-        self._controller = None
+        self.seat.seat_session_lost()
 
     def _seat_session_replaced(self) -> None:
-        self._controller = None          # a new seat session owns nothing (its /controller went with it)
+        self.seat.forget()
+
+    # ---- registration and the controller seat (store/registration.py) -----------------------------------------
+
+    @property
+    def broker_epoch(self) -> int | None:
+        return self.registration.broker_epoch
+
+    @property
+    def keep_registered(self) -> bool:
+        """False once the broker is leaving: a removed registration stays removed."""
+        return self.registration.keep_registered
+
+    @keep_registered.setter
+    def keep_registered(self, keep: bool) -> None:
+        self.registration.keep_registered = keep
+
+    async def register_broker(self, node_id: int, host: str, port: int, rack: str | None = None, *,
+                              instance_id: str | None = None, extra: Mapping[str, Any] | None = None) -> int:
+        """Create /brokers/ids/<node_id> (ephemeral) and return the broker epoch (its czxid); see
+        BrokerRegistration.register. Registers again by itself after a session expiry."""
+        return await self.registration.register(node_id, host, port, rack, instance_id=instance_id, extra=extra)
+
+    async def expire_registration(self, node_id: int, broker_epoch: int, controller_epoch: int) -> bool:
+        """Delete broker `node_id`'s registration if it is still the incarnation `broker_epoch`, as this controller.
+        Returns whether it was deleted."""
+        return await self.registration.expire(node_id, broker_epoch, controller_epoch)
+
+    @property
+    def controller_epoch(self) -> int | None:
+        """The controller epoch this broker holds, or None."""
+        return self.seat.epoch
+
+    async def try_become_controller(self, node_id: int, broker_epoch: int) -> int | None:
+        """Take the seat if it is free: the new controller epoch, or None when another broker holds it."""
+        return await self.seat.try_take(node_id, broker_epoch)
+
+    async def resign_controller(self, controller_epoch: int) -> None:
+        await self.seat.resign(controller_epoch)
+
+    async def seat_still_held(self) -> bool:
+        return await self.seat.still_held()
+
+    async def release_seat(self) -> bool:
+        return await self.seat.release()
+
+    async def _commit(self, build: Build, controller_epoch: int | None, *, seat: bool = False) -> list[Any]:
+        """The multi-op behind this controller's epoch check that every controller write goes through
+        (ControllerSeat.commit)."""
+        return await self.seat.commit(build, controller_epoch, seat=seat)
 
     # ---- requests ------------------------------------------------------------------------------------------
 
@@ -295,162 +318,6 @@ class MetadataStore:
 
     def _require_connected(self) -> None:
         self.session.require_connected()
-
-    async def _commit(self, build: Callable[[Any], None], controller_epoch: int | None, *,
-                      seat: bool = False) -> list[Any]:
-        """One multi-op (StoreSession.commit); with `controller_epoch`, behind the check that this controller's
-        epoch is current. Raises NotController when this broker does not hold that epoch, or when the check
-        failed (the seat is then forgotten), else the first failing op's error."""
-        held = None
-        if controller_epoch is not None:
-            held = self._controller
-            if held is None or held[0] != controller_epoch:
-                raise NotController(f"controller epoch {controller_epoch} is not held by this broker")
-        try:
-            return await self.session.commit(build, held, seat=seat)
-        except NotController:
-            self._controller = None
-            raise
-
-    # ---- registration ----------------------------------------------------------------------------------------
-
-    async def register_broker(self, node_id: int, host: str, port: int, rack: str | None = None, *,
-                              instance_id: str | None = None, extra: Mapping[str, Any] | None = None) -> int:
-        """Create /brokers/ids/<node_id> (ephemeral) and return the broker epoch (its czxid).
-
-        `instance_id` names this broker's storage (the same across restarts). A registration left by a previous
-        session of the same broker (same instance id, or same host:port when no id is given) is waited out, at
-        most the session timeout plus one second, as after a kill -9; any other live registration raises
-        BrokerIdInUse naming its host:port. Registers again by itself after a session expiry."""
-        self._require_connected()
-        reg = _Registration(node_id, host, port, rack, instance_id, dict(extra or {}))
-        epoch = await self._register(reg)
-        self._registration = reg
-        return epoch
-
-    async def _register(self, reg: _Registration) -> int:
-        path = self._p(f"{BROKERS}/{reg.node_id}")
-        value = znodes.dump({"host": reg.host, "port": reg.port, "rack": reg.rack, "instance_id": reg.instance_id,
-                             "timestamp": int(time.time() * 1000), **reg.extra})
-        deadline: float | None = None
-        while True:
-            try:
-                _, stat = await self._call(self._kz().create_async(path, value, ephemeral=True, include_data=True))
-                break
-            except NodeExistsError:
-                pass
-            try:
-                data, stat = await self._call(self._kz().get_async(path))
-            except NoNodeError:
-                continue
-            if stat.ephemeralOwner == self.session.session_id:       # ours already (a create answered after a reconnect)
-                break
-            held = znodes.load(data)
-            where = f"{held.get('host')}:{held.get('port')}"
-            same = (held.get("instance_id") == reg.instance_id if reg.instance_id is not None
-                    else (held.get("host"), held.get("port")) == (reg.host, reg.port))
-            if not same:
-                raise BrokerIdInUse(f"node.id {reg.node_id} is registered by a live broker at {where}")
-            now = self.loop.time()
-            if deadline is None:
-                deadline = now + self.timeout_s + 1.0
-                log.warning("node.id %d is still registered by a previous session of this broker (%s); waiting up "
-                            "to %.1fs for ZooKeeper to expire it", reg.node_id, where, deadline - now)
-            if now >= deadline:
-                raise BrokerIdInUse(f"node.id {reg.node_id} is registered by a live broker at {where} "
-                                    f"(its session did not expire within {self.timeout_s:.1f}s)")
-            await asyncio.sleep(min(0.2, max(0.01, deadline - now)))
-        self.broker_epoch = stat.czxid
-        self._registered_session = self.session.session_id
-        self.image.apply_broker(BrokerInfo(reg.node_id, reg.host, reg.port, reg.rack, stat.czxid))
-        log.info("registered node.id %d at %s:%d, broker epoch %d", reg.node_id, reg.host, reg.port, stat.czxid)
-        await self._read_broker(reg.node_id)          # arms the watch on our own registration
-        return stat.czxid
-
-    # ---- controller seat -------------------------------------------------------------------------------------
-
-    @property
-    def controller_epoch(self) -> int | None:
-        """The controller epoch this broker holds, or None."""
-        return None if self._controller is None else self._controller[0]
-
-    async def try_become_controller(self, node_id: int, broker_epoch: int) -> int | None:
-        """Take /controller if it is free, and bump /controller_epoch in the same transaction, on the seat session.
-        Returns the new controller epoch, or None when another broker holds the seat."""
-        self._require_connected()
-        if not self.controller_usable:
-            raise StoreUnavailable(f"controller seat session is {self.seat_state}")
-        for _ in range(10):
-            data, stat = await self._call(self._kz().get_async(self._p(CONTROLLER_EPOCH)))
-            epoch = int(znodes.load(data)["controller_epoch"]) + 1
-
-            def build(txn: Any, epoch: int = epoch, version: int = stat.version) -> None:
-                txn.create(self._p(CONTROLLER), znodes.dump({"broker_id": node_id, "broker_epoch": broker_epoch,
-                                                             "controller_epoch": epoch,
-                                                             "timestamp": int(time.time() * 1000)}), ephemeral=True)
-                txn.set_data(self._p(CONTROLLER_EPOCH), znodes.dump({"controller_epoch": epoch}), version=version)
-
-            try:
-                results = await self._commit(build, None, seat=True)
-            except NodeExistsError:
-                await self._read_controller()
-                return None
-            except BadVersionError:
-                continue                              # the epoch moved under us: read it again
-            self._controller = (epoch, results[1].version)
-            self.image.apply_controller(node_id, epoch)
-            log.info("node.id %d is the controller, epoch %d", node_id, epoch)
-            return epoch
-        return None
-
-    async def resign_controller(self, controller_epoch: int) -> None:
-        """Give the seat up (delete /controller) if this broker still holds it at `controller_epoch`."""
-        if self._controller is None or self._controller[0] != controller_epoch:
-            return
-        try:
-            await self._commit(lambda txn: txn.delete(self._p(CONTROLLER)), controller_epoch, seat=True)
-        except (StoreError, KazooException):
-            pass
-        self._controller = None
-
-    async def seat_still_held(self) -> bool:
-        """After a reconnection: whether /controller is still this broker's (its ephemeralOwner is the seat
-        session) at the epoch it set (/controller_epoch at the version it wrote). If not, the seat is given up
-        here (`controller_epoch` becomes None)."""
-        held = self._controller
-        if held is None:
-            return False
-        try:
-            _, seat = await self._call(self._kz().get_async(self._p(CONTROLLER)))
-            _, epoch = await self._call(self._kz().get_async(self._p(CONTROLLER_EPOCH)))
-        except NoNodeError:
-            seat = epoch = None
-        if (seat is None or epoch is None or seat.ephemeralOwner != self.seat_session_id
-                or epoch.version != held[1]):
-            if self._controller == held:
-                self._controller = None
-            return False
-        return True
-
-    async def release_seat(self) -> bool:
-        """Delete /controller if the seat session owns it while this broker does not act as controller (its
-        registration was lost, or it lost track of the seat): otherwise nobody could take the seat until the seat
-        session ended. Returns whether a seat was freed."""
-        if self._controller is not None:
-            return False
-        path = self._p(CONTROLLER)
-        try:
-            _, stat = await self._call(self._seat_kz().get_async(path), confirms=False)
-        except NoNodeError:
-            return False
-        if stat.ephemeralOwner != self.seat_session_id or self._controller is not None:
-            return False
-        try:
-            await self._call(self._seat_kz().delete_async(path, version=stat.version), confirms=False)
-        except (NoNodeError, BadVersionError):
-            return False
-        log.info("gave up the controller seat this broker no longer acts on")
-        return True
 
     # ---- controller writes -----------------------------------------------------------------------------------
 
@@ -813,47 +680,9 @@ class MetadataStore:
         info = await self._get_broker(node_id)
         if info is None:
             self.image.remove_broker(node_id)
-            reg = self._registration
-            if reg is not None and reg.node_id == node_id and self._registered_session == self.session.session_id:
-                self.session.spawn(self._renew_registration, "this broker's registration")
+            self.registration.removed(node_id)
         else:
             self.image.apply_broker(info)
-
-    async def _renew_registration(self) -> None:
-        """This broker's registration was deleted while its session lives: by a controller that took it for dead
-        (cluster/crash_probe.py), or by hand. Registering again gives it a new broker epoch, which the controller
-        treats as a restart; a broker that is leaving stays gone."""
-        reg = self._registration
-        if (self._renewing or reg is None or not self.keep_registered or self.session.closing
-                or self._registered_session != self.session.session_id):
-            return
-        self._renewing = True
-        try:
-            log.warning("the registration of node.id %d was removed while this broker's session is alive; "
-                        "registering again", reg.node_id)
-            await self._register(reg)
-        finally:
-            self._renewing = False
-
-    async def expire_registration(self, node_id: int, broker_epoch: int, controller_epoch: int) -> bool:
-        """Delete broker `node_id`'s registration if it is still the incarnation `broker_epoch` (its czxid), as
-        this controller: its death then takes the path of a session expiry. Returns whether it was deleted."""
-        path = self._p(f"{BROKERS}/{node_id}")
-        try:
-            _, stat = await self._call(self._kz().get_async(path))
-        except NoNodeError:
-            return False
-        if stat.czxid != broker_epoch:
-            return False
-
-        def build(txn: Any) -> None:
-            txn.delete(path, version=stat.version)
-
-        try:
-            await self._commit(build, controller_epoch)
-        except (NoNodeError, BadVersionError):
-            return False
-        return True
 
     async def _read_controller(self) -> None:
         path = self._p(CONTROLLER)
