@@ -27,13 +27,9 @@ from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, N
 from ..metadata_image import BrokerInfo, MetadataImage
 from . import znodes
 from .errors import BrokerIdInUse, NotController, StoreError, StoreUnavailable
-from .session import Build, StoreSession
+from .session import Build, CheckedCommit, StoreSession
 
 log = logging.getLogger(__name__)
-
-CheckedCommit = Callable[[Build, int | None], Awaitable[list[Any]]]
-"""`commit(build, controller_epoch)`: a multi-op behind this controller's epoch check (ControllerSeat.commit)."""
-
 
 @dataclass(frozen=True)
 class Registration:

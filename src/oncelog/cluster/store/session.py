@@ -52,6 +52,10 @@ _CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError
 Build = Callable[[Any], None]
 """Fills a kazoo transaction (`txn.create`, `txn.set_data`, `txn.delete`, `txn.check`)."""
 
+CheckedCommit = Callable[[Build, int | None], Awaitable[list[Any]]]
+"""`commit(build, controller_epoch)`: a multi-op behind the check that this broker's controller epoch is current
+(what the seat makes of `StoreSession.commit`: store/registration.py's ControllerSeat.commit), without one when None."""
+
 
 def clock() -> float:
     """Seconds that keep counting while the machine is suspended (CLOCK_BOOTTIME), so a lease measured with
