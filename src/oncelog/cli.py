@@ -15,6 +15,7 @@ from pathlib import Path
 from . import cli_commands
 from .cli_commands.common import absolute_path
 from .config import ConfigError, load_broker_config
+from .security.listeners import ListenerError, listener_specs
 from .storage.dir_lock import lock_data_dir
 
 
@@ -33,7 +34,9 @@ def _build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run one broker in the foreground")
     serve.add_argument("--data-dir", type=absolute_path, default="./data",
                        help="where partition logs live (default ./data)")
-    serve.add_argument("--listen", type=_host_port, default=("127.0.0.1", 9092), help="HOST:PORT (port 0: any free)")
+    serve.add_argument("--listen", type=_host_port, default=None,
+                       help="HOST:PORT of one PLAINTEXT listener (port 0: any free; default 127.0.0.1:9092); "
+                            "with `listeners` in the config file, leave it out")
     serve.add_argument("--config", type=absolute_path, help="a server.properties file with Kafka's key names")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config key")
     serve.add_argument("--metrics-listen", type=_host_port, help="HOST:PORT for Prometheus metrics")
@@ -45,11 +48,14 @@ def _build_parser() -> argparse.ArgumentParser:
 async def _serve(args: argparse.Namespace) -> int:
     from .broker.server import Broker, StartError
 
-    text = args.config.read_text() if args.config else None
-    config = load_broker_config(text, args.set)
-    host, port = args.listen
-    broker = Broker(config, args.data_dir, host, port, metrics_listen=args.metrics_listen,
-                    listen_socket=args.listen_socket)
+    config = args.broker_config
+    host, port = args.listen or ("127.0.0.1", 9092)
+    try:
+        broker = Broker(config, args.data_dir, host, port, metrics_listen=args.metrics_listen,
+                        listen_socket=args.listen_sockets[0], bound_sockets=args.listen_sockets)
+    except StartError as exc:
+        print(f"oncelog: cannot start: {exc}", file=sys.stderr, flush=True)
+        return 1
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -69,6 +75,11 @@ async def _serve(args: argparse.Namespace) -> int:
         stopping.cancel()
         print(f"oncelog: cannot start: {exc}", file=sys.stderr, flush=True)
         return 1
+    if config["listeners"]:
+        # every named listener first, so a supervisor has them all when it reads the "listening" line
+        for listener in broker.security.listeners:
+            print(f"oncelog listener {listener.name} ({listener.spec.protocol}) on "
+                  f"{listener.spec.host}:{listener.port}", flush=True)
     print(f"oncelog listening on {broker.host}:{broker.port}", flush=True)
     if broker.metrics_port is not None:
         print(f"oncelog metrics on {args.metrics_listen[0]}:{broker.metrics_port}", flush=True)
@@ -98,10 +109,23 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             print(f"oncelog: cannot start: {exc}", file=sys.stderr)
             return 1
-        # The port before any log is loaded: taken, the start ends here (see bind_listener).
         try:
-            args.listen_socket = bind_listener(*args.listen)
+            text = args.config.read_text() if args.config else None
+            args.broker_config = load_broker_config(text, args.set)
+            specs = listener_specs(args.broker_config.values, args.listen or ("127.0.0.1", 9092)
+                                   if not args.broker_config["listeners"] or args.listen else None)
+        except (ConfigError, ListenerError) as exc:
+            os.close(lock)
+            print(f"oncelog: configuration error: {exc}", file=sys.stderr)
+            return 2
+        # The ports before any log is loaded: one taken, the start ends here (see bind_listener).
+        args.listen_sockets = []
+        try:
+            for spec in specs:
+                args.listen_sockets.append(bind_listener(spec.host, spec.port))
         except StartError as exc:
+            for sock in args.listen_sockets:
+                sock.close()
             os.close(lock)
             print(f"oncelog: cannot start: {exc}", file=sys.stderr)
             return 1
@@ -114,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"oncelog: cannot start: {exc}", file=sys.stderr)
             return 1
         finally:
-            args.listen_socket.close()
+            for sock in args.listen_sockets:
+                sock.close()
             os.close(lock)
     return cli_commands.run(args)
 

@@ -13,11 +13,20 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .security.listeners import (
+    ListenerError,
+    inter_broker_listener,
+    is_listener_key,
+    listener_specs,
+    split_listener_key,
+)
+
 LONG_MAX = 9223372036854775807
 INT_MAX = 2147483647
 
 # Config types as DescribeConfigs v3+ reports them.
 TYPE_BOOLEAN, TYPE_STRING, TYPE_INT, TYPE_SHORT, TYPE_LONG, TYPE_DOUBLE, TYPE_LIST = 1, 2, 3, 4, 5, 6, 7
+TYPE_PASSWORD = 9
 
 
 class ConfigError(ValueError):
@@ -33,6 +42,8 @@ class ConfigKey:
     validator: Callable[[Any], str | None] | None = None
     # For topic keys: the broker key that supplies the default.
     broker_synonym: str | None = None
+    # Passwords, keys and JAAS configs: DescribeConfigs reports them as null with is_sensitive, as Kafka does.
+    sensitive: bool = False
 
     def parse(self, raw: Any) -> Any:
         value = _coerce(self, raw)
@@ -192,7 +203,6 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   "Replication factor of topics created without one (1 on a single node).", at_least(1)),
         ConfigKey("auto.create.topics.enable", TYPE_BOOLEAN, True, "Create a topic on first Metadata request."),
         ConfigKey("delete.topic.enable", TYPE_BOOLEAN, True, "Allow DeleteTopics."),
-        ConfigKey("advertised.listeners", TYPE_STRING, "", "host:port clients are told to connect to."),
         ConfigKey("log.cleanup.policy", TYPE_LIST, ["delete"], "Default cleanup.policy.", list_of("delete", "compact")),
         ConfigKey("compression.type", TYPE_STRING, "producer", "Default compression.type.", one_of(*COMPRESSION_TYPES)),
         ConfigKey("compression.gzip.level", TYPE_INT, -1, "Default compression.gzip.level.", between(1, 9, -1)),
@@ -344,8 +354,69 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("oncelog.test.crash.at", TYPE_STRING, "",
                   "TEST ONLY (fault injection): the broker SIGKILLs itself at this step of a multi-step file "
                   "operation (swap-staged, swap-committed, swap-old-deleted: the cleaner's swap). Empty: off."),
+        *_security_keys(),
     ]
     return {k.name: k for k in keys}
+
+
+def _security_keys() -> list[ConfigKey]:
+    """Listeners, TLS, SASL and the authorizer, under Kafka's names (docs/security.md). With none of them set
+    the broker has one PLAINTEXT listener and no authorizer, as it always had."""
+    tls_versions = ("TLSv1.2", "TLSv1.3")
+    return [
+        ConfigKey("listeners", TYPE_STRING, "",
+                  "NAME://HOST:PORT of each listener (empty: one PLAINTEXT listener, oncelog serve --listen)."),
+        ConfigKey("advertised.listeners", TYPE_STRING, "",
+                  "NAME://HOST:PORT clients are told to connect to, per listener (default: the bound address)."),
+        ConfigKey("listener.security.protocol.map", TYPE_STRING,
+                  "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL",
+                  "NAME:PROTOCOL for each listener name."),
+        ConfigKey("inter.broker.listener.name", TYPE_STRING, "", "Listener other brokers connect to."),
+        ConfigKey("security.inter.broker.protocol", TYPE_STRING, "",
+                  "Protocol of the inter-broker listener, when inter.broker.listener.name is not set (PLAINTEXT)."),
+        ConfigKey("sasl.mechanism.inter.broker.protocol", TYPE_STRING, "GSSAPI",
+                  "SASL mechanism brokers authenticate to each other with."),
+        ConfigKey("sasl.enabled.mechanisms", TYPE_LIST, ["GSSAPI"],
+                  "SASL mechanisms a SASL listener offers (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER)."),
+        ConfigKey("sasl.server.max.receive.size", TYPE_INT, 524288,
+                  "Largest SASL token a client may send before it is authenticated.", at_least(1)),
+        ConfigKey("connections.max.reauth.ms", TYPE_LONG, 0,
+                  "Session lifetime of a SASL connection before it must re-authenticate (KIP-368); 0: unbounded.",
+                  at_least(0)),
+        ConfigKey("connection.failed.authentication.delay.ms", TYPE_INT, 100,
+                  "Delay before a failed authentication's answer and close, against password guessing.",
+                  at_least(0)),
+        ConfigKey("oncelog.authentication.timeout.ms", TYPE_INT, 30000,
+                  "Time a new connection has to finish its TLS handshake and SASL authentication; it is closed "
+                  "after that.", at_least(1)),
+        ConfigKey("ssl.keystore.type", TYPE_STRING, "PEM", "Key store format (PEM).", one_of("PEM")),
+        ConfigKey("ssl.keystore.location", TYPE_STRING, "",
+                  "PEM file holding the private key (PKCS#8) followed by the certificate chain."),
+        ConfigKey("ssl.keystore.password", TYPE_STRING, "", "Not used by PEM key stores.", sensitive=True),
+        ConfigKey("ssl.keystore.certificate.chain", TYPE_STRING, "", "The certificate chain as PEM text.",
+                  sensitive=True),
+        ConfigKey("ssl.keystore.key", TYPE_STRING, "", "The private key as PEM text.", sensitive=True),
+        ConfigKey("ssl.key.password", TYPE_STRING, "", "Password of an encrypted private key.", sensitive=True),
+        ConfigKey("ssl.truststore.type", TYPE_STRING, "PEM", "Trust store format (PEM).", one_of("PEM")),
+        ConfigKey("ssl.truststore.location", TYPE_STRING, "", "PEM file of the trusted CA certificates."),
+        ConfigKey("ssl.truststore.password", TYPE_STRING, "", "Not used by PEM trust stores.", sensitive=True),
+        ConfigKey("ssl.truststore.certificates", TYPE_STRING, "", "Trusted CA certificates as PEM text."),
+        ConfigKey("ssl.client.auth", TYPE_STRING, "none", "Client certificates: none, requested or required.",
+                  one_of("none", "requested", "required")),
+        ConfigKey("ssl.principal.mapping.rules", TYPE_STRING, "DEFAULT",
+                  "Rules mapping a certificate's distinguished name to a principal name."),
+        ConfigKey("ssl.enabled.protocols", TYPE_LIST, list(tls_versions), "TLS versions accepted.",
+                  list_of(*tls_versions)),
+        ConfigKey("ssl.protocol", TYPE_STRING, "TLSv1.3", "Highest TLS version offered.", one_of(*tls_versions)),
+        ConfigKey("ssl.cipher.suites", TYPE_LIST, [], "TLS 1.2 cipher suites (OpenSSL names); empty: the default."),
+        ConfigKey("ssl.endpoint.identification.algorithm", TYPE_STRING, "https",
+                  "Host name checking of the certificate of a broker this broker connects to (https or empty)."),
+        ConfigKey("authorizer.class.name", TYPE_STRING, "",
+                  "org.apache.kafka.metadata.authorizer.StandardAuthorizer turns ACLs on; empty: off."),
+        ConfigKey("super.users", TYPE_STRING, "", "Principals allowed everything, separated by ';'."),
+        ConfigKey("allow.everyone.if.no.acl.found", TYPE_BOOLEAN, False,
+                  "Allow an operation on a resource that no ACL matches."),
+    ]
 
 
 BROKER_KEYS = _broker_keys()
@@ -496,6 +567,17 @@ def load_broker_config(
         if name in REFUSED_BROKER_KEYS:
             raise ConfigError(f"Configuration {name} is not supported: {REFUSED_BROKER_KEYS[name]}")
         key = BROKER_KEYS.get(name)
+        prefixed = split_listener_key(name)
+        if key is None and prefixed is not None:
+            base = prefixed[1]
+            if not is_listener_key(base):
+                raise ConfigError(f"Unknown configuration key: {name} ({base} cannot be set per listener)")
+            if base in BROKER_KEYS:
+                values[name] = BROKER_KEYS[base].parse(value)
+            else:  # <mechanism>.sasl.jaas.config
+                values[name] = str(value).strip()
+            explicit.add(name)
+            continue
         if key is None:
             alias = _ALIASES.get(name)
             if alias is None:
@@ -511,6 +593,11 @@ def load_broker_config(
             f"Invalid value {str(values['oncelog.controller.session.timeout.ms'])!r} for configuration "
             "oncelog.controller.session.timeout.ms: must be at most oncelog.coordination.session.timeout.ms "
             f"({values['oncelog.coordination.session.timeout.ms']})")
+    if values["listeners"]:
+        try:
+            inter_broker_listener(values, listener_specs(values))
+        except ListenerError as exc:
+            raise ConfigError(str(exc)) from None
     if not values["oncelog.coordination.connect"] and values["default.replication.factor"] != 1:
         raise ConfigError("Invalid value for configuration default.replication.factor: must be 1 on a single "
                           "broker (set oncelog.coordination.connect to run a cluster)")

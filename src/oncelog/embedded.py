@@ -38,6 +38,8 @@ class BrokerProcess:
         self.own_group = own_group
         self.port = 0
         self.metrics_port = 0
+        # With `listeners` in the settings: each listener's bound port by name (a restart binds them again).
+        self.listener_ports: dict[str, int] = {}
         self.proc: subprocess.Popen | None = None
         self.log_path = self.data_dir.parent / f"{self.data_dir.name}-broker.log"
 
@@ -55,9 +57,13 @@ class BrokerProcess:
         from .cluster.coordination_service import orphan_guard
 
         guard = orphan_guard() if self.own_group else []
-        args = [*guard, sys.executable, "-m", "oncelog", "serve", "--data-dir", str(self.data_dir),
-                "--listen", f"127.0.0.1:{self.port}"]
-        for key, value in self.settings.items():
+        args = [*guard, sys.executable, "-m", "oncelog", "serve", "--data-dir", str(self.data_dir)]
+        settings = dict(self.settings)
+        if "listeners" in settings:
+            settings["listeners"] = self._listeners_with_ports(str(settings["listeners"]))
+        else:
+            args += ["--listen", f"127.0.0.1:{self.port}"]
+        for key, value in settings.items():
             args += ["--set", f"{key}={value}"]
         if self.metrics:
             args += ["--metrics-listen", f"127.0.0.1:{self.metrics_port}"]
@@ -66,6 +72,20 @@ class BrokerProcess:
         self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=log_file, text=True,
                                      start_new_session=self.own_group)
         log_file.close()
+
+    def _listeners_with_ports(self, text: str) -> str:
+        """`listeners` with the ports bound by the last run in place of 0, so a restart keeps its addresses."""
+        out = []
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            name, _, address = item.partition("://")
+            host, _, port = address.rpartition(":")
+            port = str(self.listener_ports.get(name.upper(), port)) if port == "0" else port
+            out.append(f"{name}://{host}:{port}")
+        return ",".join(out)
+
+    def listener(self, name: str) -> str:
+        """host:port of the listener `name` (settings with `listeners` only)."""
+        return f"127.0.0.1:{self.listener_ports[name.upper()]}"
 
     def wait_ready(self, timeout: float = 30.0) -> BrokerProcess:
         """Wait for the "listening" line (in cluster mode: printed once the broker has registered)."""
@@ -76,7 +96,10 @@ class BrokerProcess:
             line = self.proc.stdout.readline()
             if not line:
                 raise RuntimeError(f"broker exited during startup (code {self.proc.wait()}):\n{self.log_tail()}")
-            if line.startswith("oncelog listening on "):
+            if line.startswith("oncelog listener "):
+                name = line.split()[2]
+                self.listener_ports[name] = int(line.rsplit(":", 1)[1])
+            elif line.startswith("oncelog listening on "):
                 self.port = int(line.rsplit(":", 1)[1])
                 if not self.metrics:
                     return self

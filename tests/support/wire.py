@@ -57,8 +57,9 @@ class Wire:
         import kafka.protocol.consumer as c
         import kafka.protocol.metadata as m
         import kafka.protocol.producer as p
+        import kafka.protocol.sasl as s
 
-        cls = next(getattr(mod, response_cls) for mod in (a, c, m, p) if hasattr(mod, response_cls))
+        cls = next(getattr(mod, response_cls) for mod in (a, c, m, p, s) if hasattr(mod, response_cls))
         flexible = cls.flexible_version_q(version) and cls.API_KEY != 18
         correlation_id = struct.unpack_from(">i", frame)[0]
         assert correlation_id == self.correlation, (correlation_id, self.correlation)

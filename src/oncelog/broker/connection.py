@@ -22,7 +22,9 @@ from .wire import FileRegion, close_pieces
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
+    from ..security.sasl.authenticator import Authenticator
     from .context import RequestDispatcher
+    from .security_layer import ListenerRuntime
 
 log = logging.getLogger("oncelog.connection")
 
@@ -45,11 +47,21 @@ class ConnectionHost(Protocol):
     def unregister_connection(self, conn: Connection) -> None: ...
 
 
+ANONYMOUS = "User:ANONYMOUS"
+
+
 class Connection(asyncio.BufferedProtocol):
-    def __init__(self, broker: ConnectionHost) -> None:
+    def __init__(self, broker: ConnectionHost, listener: ListenerRuntime | None = None) -> None:
         self.broker = broker
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.client_host = "?"
+        # Who is calling: the listener the client came in on, its principal (User:ANONYMOUS until TLS or SASL
+        # says otherwise) and, on a SASL listener, the state machine every request passes before dispatch.
+        self.listener = listener
+        self.principal = ANONYMOUS
+        self.authenticator: Authenticator | None = listener.new_authenticator() if listener is not None else None
+        self._auth_timer: asyncio.TimerHandle | None = None
         self._buf = bytearray(_RECV_BUFFER)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -85,15 +97,38 @@ class Connection(asyncio.BufferedProtocol):
         self.transport = transport  # type: ignore[assignment]
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
+        self.client_host = str(peer[0]) if peer else "?"
         if not self.broker.register_connection(self):
             log.warning("closing connection from %s: max.connections reached", self.peer)
             self.closed = True
             transport.close()
             return
+        listener = self.listener
+        if listener is not None and listener.principal_mapper is not None:
+            from ..security.tls import tls_principal
+
+            principal = tls_principal(transport.get_extra_info("ssl_object"), listener.principal_mapper)
+            if principal is None:
+                log.warning("closing connection from %s: no ssl.principal.mapping.rules rule maps its "
+                            "certificate's name", self.peer)
+                self.close()
+                return
+            self.principal = principal
+        if self.authenticator is not None:
+            timeout = self.broker.config["oncelog.authentication.timeout.ms"] / 1000
+            self._auth_timer = asyncio.get_running_loop().call_later(timeout, self._authentication_timed_out)
         self._writer = asyncio.get_running_loop().create_task(self._write_loop())
+
+    def _authentication_timed_out(self) -> None:
+        if self.authenticator is not None and not self.authenticator.authenticated and not self.closed:
+            log.warning("closing connection from %s: SASL authentication not completed within "
+                        "oncelog.authentication.timeout.ms", self.peer)
+            self.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if self._auth_timer is not None:
+            self._auth_timer.cancel()
         self.broker.unregister_connection(self)
         self._wakeup.set()
         self._can_write.set()

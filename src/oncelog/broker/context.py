@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from .delayed import PartitionWatchers
     from .metrics import BrokerMetrics
     from .partition_access import PartitionAccess
+    from .security_layer import BrokerSecurity
     from .txn_verification import TxnVerifier
 
 
@@ -41,6 +42,13 @@ class ClientConnection(Protocol):
     fetch_positions: dict[tuple[str, int], int]
     # The produce request the connection's next ones must append after (None: none is waiting).
     produce_gate: asyncio.Future[None] | None
+    # Who is calling ("User:alice"; "User:ANONYMOUS" without TLS client certificates or SASL) and from where.
+    principal: str
+    client_host: str
+    # The listener the client came in on (security_layer.ListenerRuntime; None: a test harness's connection).
+    listener: Any
+    # The SASL state machine of a SASL listener's connection, None elsewhere.
+    authenticator: Any
 
     def close_after_pending(self, seq: int | None = None) -> None: ...
 
@@ -60,7 +68,7 @@ class RequestDispatcher(Protocol):
 
     def dispatch(self, conn: ClientConnection, frame: bytearray, fut: asyncio.Future, seq: int) -> None: ...
 
-    def supported_versions(self) -> list[tuple[int, int, int]]: ...
+    def supported_versions(self, sasl: bool = False) -> list[tuple[int, int, int]]: ...
 
 
 class CoordinatorNode(NamedTuple):
@@ -87,6 +95,12 @@ class BrokerServices(Protocol):
     def cluster_id(self) -> str: ...
     @property
     def advertised(self) -> tuple[str, int]: ...
+    @property
+    def security(self) -> BrokerSecurity: ...
+
+    def advertised_for(self, listener: Any) -> tuple[str, int]:
+        """host:port of this broker on `listener` (a connection's), as Metadata answers clients of it."""
+        ...
     @property
     def logs(self) -> LogManager: ...
     @property
@@ -116,7 +130,7 @@ class BrokerServices(Protocol):
 
     async def init_transactional_producer(self, req: Any, version: int) -> dict[str, Any]: ...
 
-    def coordinator_node(self, topic: str, partition: int) -> CoordinatorNode | ErrorCode:
+    def coordinator_node(self, topic: str, partition: int, listener: Any = None) -> CoordinatorNode | ErrorCode:
         """The broker whose coordinator serves the keys of internal `topic`-`partition`: its leader as this broker
         sees it (the single node: itself). COORDINATOR_NOT_AVAILABLE while the partition has no leader, or the
         topic does not exist yet and cannot be created with its replication factor (fewer live brokers)."""

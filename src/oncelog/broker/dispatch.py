@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("oncelog.dispatch")
 
 _SIZE = struct.Struct(">i")
+_SASL_KEYS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 
 
 class Dispatcher:
@@ -41,9 +42,11 @@ class Dispatcher:
         self.advertised = dict(handlers)
         self.handlers = {**handlers, **(internal or {})}
 
-    def supported_versions(self) -> list[tuple[int, int, int]]:
-        """(api key, min, max) for every API with a real handler: what ApiVersions advertises."""
-        return [(k, SPECS[k].min_version, SPECS[k].max_version) for k in sorted(self.advertised)]
+    def supported_versions(self, sasl: bool = False) -> list[tuple[int, int, int]]:
+        """(api key, min, max) for every API with a real handler: what ApiVersions advertises. SaslHandshake and
+        SaslAuthenticate only on a SASL listener (`sasl`), the only place they do anything."""
+        return [(k, SPECS[k].min_version, SPECS[k].max_version) for k in sorted(self.advertised)
+                if sasl or k not in _SASL_KEYS]
 
     def dispatch(self, conn: ClientConnection, frame: bytearray, fut: asyncio.Future, seq: int) -> None:
         try:
@@ -61,12 +64,21 @@ class Dispatcher:
             return
         if not spec.min_version <= api_version <= spec.max_version:
             if api_key == ApiKey.API_VERSIONS:
-                fut.set_result(self._frame(correlation_id, False, self._unsupported_api_versions()))
+                fut.set_result(self._frame(correlation_id, False,
+                                           self._unsupported_api_versions(conn.authenticator is not None)))
                 return
             log.warning(
                 "closing connection from %s: %s v%d is not supported (%d-%d)",
                 conn.peer, ApiKey(api_key).name, api_version, spec.min_version, spec.max_version,
             )
+            fut.set_result(None)
+            conn.close_after_pending(seq)
+            return
+        auth = conn.authenticator
+        if auth is not None and not auth.allows(api_key):
+            log.warning("closing connection from %s: %s %s", conn.peer, ApiKey(api_key).name,
+                        "after its SASL session expired (connections.max.reauth.ms)" if auth.authenticated
+                        else "before SASL authentication completed")
             fut.set_result(None)
             conn.close_after_pending(seq)
             return
@@ -123,9 +135,9 @@ class Dispatcher:
         size = len(header) + pieces_size(body)
         return [_SIZE.pack(size) + header, *body]
 
-    def _unsupported_api_versions(self) -> bytes:
+    def _unsupported_api_versions(self, sasl: bool) -> bytes:
         # v0 body: error code, then [api_key, min, max] as a plain int32-length array.
-        versions = self.supported_versions()
+        versions = self.supported_versions(sasl)
         out = [struct.pack(">hi", 35, len(versions))]
         out.extend(struct.pack(">hhh", k, lo, hi) for k, lo, hi in versions)
         return b"".join(out)

@@ -24,6 +24,7 @@ from ..coordinator.group import GroupCoordinator
 from ..coordinator.txn.coordinator import TransactionCoordinator
 from ..coordinator.txn.producer_ids import ProducerIdManager
 from ..errors import ErrorCode
+from ..protocol.apis import ApiKey
 from ..storage.cleaner.manager import LogCleaner
 from ..storage.flusher import GroupCommitFlusher
 from ..storage.log_manager import LogManager
@@ -34,6 +35,7 @@ from .dispatch import Dispatcher
 from .handlers import HANDLERS, INTERNAL_HANDLERS
 from .metrics import BrokerMetrics
 from .partition_access import LocalPartitionAccess, PartitionAccess
+from .security_layer import BrokerSecurity, SecurityConfigError
 
 log = logging.getLogger("oncelog.broker")
 
@@ -84,13 +86,22 @@ class Broker:
         port: int = 9092,
         metrics_listen: tuple[str, int] | None = None,
         listen_socket: socket.socket | None = None,
+        bound_sockets: list[socket.socket] | None = None,
     ) -> None:
         self.config = config
         self.data_dir = Path(data_dir)
-        self.host = host
-        self.port = port
-        # Bound before the broker was made (`bind_listener`); None: bind host:port when starting.
+        # Listeners, TLS contexts, SASL mechanisms and credentials: found wrong here, the start ends at once.
+        try:
+            self.security = BrokerSecurity(config, self.data_dir, (host, port))
+        except SecurityConfigError as exc:
+            raise StartError(str(exc)) from None
+        first = self.security.listeners[0].spec
+        self.host = first.host
+        self.port = first.port
+        # Bound before the broker was made (`bind_listener`); None: bind host:port when starting. `bound_sockets`:
+        # the same for every listener, in the order of `listeners` (oncelog serve binds them all first).
         self._listen_socket = listen_socket
+        self._bound_sockets: list[socket.socket] = list(bound_sockets or [])
         self.node_id: int = config["node.id"]
         self.metrics = BrokerMetrics()
         self.metrics_listen = metrics_listen
@@ -109,7 +120,13 @@ class Broker:
         # Cluster mode: markers for other brokers' partitions and KIP-890 questions to other brokers' coordinators.
         self.marker_channel: Any = None
         self.txn_verifier: Any = None
-        self.dispatcher = Dispatcher(self, HANDLERS, INTERNAL_HANDLERS)
+        handlers = dict(HANDLERS)
+        if config["oncelog.coordination.connect"]:
+            # SCRAM credentials are kept in this broker's data directory: a cluster needs them replicated
+            # (docs/security.md §8 step 6), so a cluster does not offer the APIs until they are.
+            for key in (ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS):
+                handlers.pop(key)
+        self.dispatcher = Dispatcher(self, handlers, INTERNAL_HANDLERS)
         # Cluster mode (None: the single node). Set fatal when the broker must end (its node.id was taken while
         # its session was lost); `fatal_reason` says why.
         self.cluster: Any = None
@@ -119,7 +136,7 @@ class Broker:
 
             self.cluster = ClusterMode(self)
         self.connections: set[Connection] = set()
-        self._server: asyncio.base_events.Server | None = None
+        self._servers: list[asyncio.base_events.Server] = []
         self._tasks: list[asyncio.Task] = []
         self._stopping = False
 
@@ -134,12 +151,12 @@ class Broker:
 
     @property
     def advertised(self) -> tuple[str, int]:
-        configured = self.config["advertised.listeners"]
-        if configured:
-            address = configured.split(",")[0].split("://")[-1]
-            host, _, port = address.rpartition(":")
-            return host, int(port)
-        return self.host, self.port
+        """host:port of the first listener as clients are told it (the address a cluster registers)."""
+        return self.security.listeners[0].advertised
+
+    def advertised_for(self, listener: Any) -> tuple[str, int]:
+        """host:port clients of `listener` (a connection's) are told: Metadata answers on the listener asked."""
+        return listener.advertised if listener is not None else self.advertised
 
     # -- lifecycle --------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -192,12 +209,7 @@ class Broker:
         if self.txn_coordinator is not None:
             self.txn_coordinator.start()
         self.group_coordinator.start()
-        if self._listen_socket is not None:
-            self._server = await loop.create_server(lambda: Connection(self), sock=self._listen_socket, backlog=1024)
-        else:
-            self._server = await loop.create_server(lambda: Connection(self), self.host, self.port, backlog=1024)
-        sock = self._server.sockets[0]
-        self.host, self.port = sock.getsockname()[:2]
+        await self._listen(loop)
         if self.cluster is not None:
             await self.cluster.join(*self.advertised)
         if self.metrics_listen is not None:
@@ -216,6 +228,29 @@ class Broker:
         ]
         log.info("broker %d started, cluster id %s, data in %s", self.node_id, self.cluster_id, self.data_dir)
 
+    async def _listen(self, loop: asyncio.AbstractEventLoop) -> None:
+        """One server per listener, all on this loop; a TLS listener's handshake is bounded by
+        oncelog.authentication.timeout.ms (a client that never finishes it is dropped)."""
+        timeout = self.config["oncelog.authentication.timeout.ms"] / 1000
+        for index, listener in enumerate(self.security.listeners):
+            def factory(listener: Any = listener) -> Connection:
+                return Connection(self, listener)
+
+            tls = {"ssl": listener.ssl_context, "ssl_handshake_timeout": timeout} if listener.ssl_context else {}
+            sock = self._listen_socket if index == 0 else None
+            if sock is None and index < len(self._bound_sockets):
+                sock = self._bound_sockets[index]
+            if sock is not None:
+                server = await loop.create_server(factory, sock=sock, backlog=1024, **tls)
+            else:
+                server = await loop.create_server(factory, listener.spec.host or None, listener.spec.port,
+                                                  backlog=1024, **tls)
+            self._servers.append(server)
+            listener.port = server.sockets[0].getsockname()[1]
+            log.info("listener %s (%s) on %s:%d", listener.name, listener.spec.protocol,
+                     listener.spec.host, listener.port)
+        self.host, self.port = self._servers[0].sockets[0].getsockname()[:2]
+
     async def stop(self) -> None:
         if self._stopping:
             return
@@ -231,10 +266,12 @@ class Broker:
         self._stopping = True
         if self.cluster is not None:
             self.cluster.leaving()
-        if self._server is not None:
-            self._server.close()
-        elif self._listen_socket is not None:
-            self._listen_socket.close()
+        for server in self._servers:
+            server.close()
+        if not self._servers:
+            for sock in (self._listen_socket, *self._bound_sockets):
+                if sock is not None:
+                    sock.close()
         for conn in list(self.connections):
             conn.close()
         for task in self._tasks:
@@ -287,12 +324,12 @@ class Broker:
         self.connections.discard(conn)
 
     # -- coordinators -------------------------------------------------------------------------------
-    def coordinator_node(self, topic: str, partition: int) -> CoordinatorNode | ErrorCode:
+    def coordinator_node(self, topic: str, partition: int, listener: Any = None) -> CoordinatorNode | ErrorCode:
         """FindCoordinator: who coordinates the keys of internal `topic`-`partition`. The single node: itself; a
         cluster: that partition's leader (the topic created through the controller on first need)."""
         if self.cluster is not None:
             return self.cluster.coordinator_node(topic, partition)
-        host, port = self.advertised
+        host, port = self.advertised_for(listener)
         return CoordinatorNode(self.node_id, host, port)
 
     # -- transactions -------------------------------------------------------------------------------

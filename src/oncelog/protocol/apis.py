@@ -27,6 +27,7 @@ class ApiKey(IntEnum):
     SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
@@ -41,6 +42,7 @@ class ApiKey(IntEnum):
     DESCRIBE_CONFIGS = 32
     ALTER_REPLICA_LOG_DIRS = 34
     DESCRIBE_LOG_DIRS = 35
+    SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     INCREMENTAL_ALTER_CONFIGS = 44
@@ -48,6 +50,8 @@ class ApiKey(IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     FETCH_SNAPSHOT = 59  # inter-broker only: a follower takes its leader's producer state (docs/cluster.md §4.7)
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
@@ -84,6 +88,8 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.SYNC_GROUP, 0, 5, 4),
         ApiSpec(ApiKey.DESCRIBE_GROUPS, 0, 5, 5),
         ApiSpec(ApiKey.LIST_GROUPS, 0, 4, 3),
+        # v1 only: v0 means raw token frames after the handshake, which only Kerberos clients still send
+        ApiSpec(ApiKey.SASL_HANDSHAKE, 1, 1, -1),
         ApiSpec(ApiKey.API_VERSIONS, 0, 4, 3),
         ApiSpec(ApiKey.CREATE_TOPICS, 2, 7, 5),
         ApiSpec(ApiKey.DELETE_TOPICS, 1, 6, 4),
@@ -98,6 +104,7 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4, 4),
         ApiSpec(ApiKey.ALTER_REPLICA_LOG_DIRS, 1, 2, 2),
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, 1, 4, 2),
+        ApiSpec(ApiKey.SASL_AUTHENTICATE, 0, 2, 2),
         ApiSpec(ApiKey.CREATE_PARTITIONS, 0, 3, 2),
         ApiSpec(ApiKey.DELETE_GROUPS, 0, 2, 2),
         ApiSpec(ApiKey.ELECT_LEADERS, 0, 2, 2),
@@ -105,6 +112,8 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.ALTER_PARTITION_REASSIGNMENTS, 0, 1, 0),
         ApiSpec(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, 0, 0),
         ApiSpec(ApiKey.OFFSET_DELETE, 0, 0, -1),
+        ApiSpec(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, 0),
+        ApiSpec(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, 0),
         ApiSpec(ApiKey.FETCH_SNAPSHOT, 0, 0, 0),
         ApiSpec(ApiKey.DESCRIBE_CLUSTER, 0, 1, 0),
         ApiSpec(ApiKey.DESCRIBE_PRODUCERS, 0, 0, 0),

@@ -22,6 +22,8 @@ from . import (
     produce,
     producers,
     records,
+    sasl,
+    scram,
     topics,
     transactions,
 )
@@ -65,6 +67,10 @@ HANDLERS = {
     ApiKey.ELECT_LEADERS: leadership.handle_elect_leaders,
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: leadership.handle_alter_partition_reassignments,
     ApiKey.LIST_PARTITION_REASSIGNMENTS: leadership.handle_list_partition_reassignments,
+    ApiKey.SASL_HANDSHAKE: sasl.handle_sasl_handshake,
+    ApiKey.SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
+    ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: scram.handle_describe,
+    ApiKey.ALTER_USER_SCRAM_CREDENTIALS: scram.handle_alter,
 }
 
 INTERNAL_HANDLERS = {

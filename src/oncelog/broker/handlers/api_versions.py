@@ -17,8 +17,8 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     req = decode_request(ApiKey.API_VERSIONS, ctx.api_version, body)
     if ctx.api_version >= 3:
         ctx.connection.client_software = req.client_software_name
-    keys = [
-        {"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in broker.dispatcher.supported_versions()
+    keys = [  # the SASL requests only on a SASL listener
+        {"api_key": k, "min_version": lo, "max_version": hi} for k, lo, hi in broker.dispatcher.supported_versions(ctx.connection.authenticator is not None)
     ]
     data = {"error_code": 0, "api_keys": keys, "throttle_time_ms": 0}
     return encode_response(ApiKey.API_VERSIONS, ctx.api_version, data)

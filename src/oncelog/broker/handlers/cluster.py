@@ -25,7 +25,7 @@ async def handle_describe_cluster(broker: BrokerServices, ctx: RequestContext, b
     req = decode_request(ApiKey.DESCRIBE_CLUSTER, ctx.api_version, body)
     cluster = getattr(broker, "cluster", None)
     if cluster is None:
-        host, port = broker.advertised
+        host, port = broker.advertised_for(ctx.connection.listener)
         brokers = [{"broker_id": broker.node_id, "host": host, "port": port, "rack": None}]
         controller_id = broker.node_id
     else:

@@ -24,6 +24,7 @@ from ...config import (
     REFUSED_BROKER_KEYS,
     TOPIC_KEYS,
     TYPE_LIST,
+    TYPE_PASSWORD,
     ConfigError,
     TopicConfig,
     parse_topic_overrides,
@@ -86,9 +87,22 @@ def _describe_broker(broker: BrokerServices, keys: list[str] | None, docs: bool)
             continue
         explicit = name in broker.config.explicit
         entries.append({
-            "name": name, "value": key.render(broker.config[name]), "read_only": True,
-            "config_source": SOURCE_STATIC_BROKER if explicit else SOURCE_DEFAULT, "is_sensitive": False,
+            "name": name, "value": None if key.sensitive else key.render(broker.config[name]), "read_only": True,
+            "config_source": SOURCE_STATIC_BROKER if explicit else SOURCE_DEFAULT, "is_sensitive": key.sensitive,
             "synonyms": [], "config_type": key.type, "documentation": key.doc if docs else None,
+        })
+    for name in sorted(broker.config.explicit - BROKER_KEYS.keys()):
+        # listener.name.<listener>.<key>: reported as set, secrets (keys, passwords, JAAS configs) as null
+        if keys is not None and name not in keys:
+            continue
+        base = BROKER_KEYS.get(name.split(".", 3)[-1])
+        sensitive = base.sensitive if base is not None else True
+        value = broker.config[name]
+        entries.append({
+            "name": name, "value": None if sensitive else (base.render(value) if base else str(value)),
+            "read_only": True, "config_source": SOURCE_STATIC_BROKER, "is_sensitive": sensitive,
+            "synonyms": [], "config_type": base.type if base is not None else TYPE_PASSWORD,
+            "documentation": None,
         })
     return entries
 

@@ -34,7 +34,8 @@ def client_host(ctx: RequestContext) -> str:
 
 
 # -- FindCoordinator ------------------------------------------------------------------------------------------
-def _find(broker: BrokerServices, key: str, key_type: int) -> tuple[ErrorCode, str | None, CoordinatorNode | None]:
+def _find(broker: BrokerServices, key: str, key_type: int,
+          listener: Any = None) -> tuple[ErrorCode, str | None, CoordinatorNode | None]:
     """The coordinator of `key` is the leader of the internal-topic partition the key hashes to, as this broker
     sees it (the single node: itself); COORDINATOR_NOT_AVAILABLE when that partition has no leader yet."""
     if key_type == KEY_TYPE_GROUP:
@@ -49,7 +50,7 @@ def _find(broker: BrokerServices, key: str, key_type: int) -> tuple[ErrorCode, s
         topic, partition = TXN_TOPIC, txn.partition_for(key)
     else:
         return ErrorCode.INVALID_REQUEST, f"Unknown coordinator key type {key_type}", None
-    node = broker.coordinator_node(topic, partition)
+    node = broker.coordinator_node(topic, partition, listener)
     if isinstance(node, ErrorCode):
         return node, f"{topic}-{partition} has no available leader", None
     return ErrorCode.NONE, None, node
@@ -61,7 +62,7 @@ async def handle_find_coordinator(broker: BrokerServices, ctx: RequestContext, b
     key_type = req.key_type if version >= 1 else KEY_TYPE_GROUP
 
     def answer(key: str) -> dict[str, Any]:
-        error, message, node = _find(broker, key, key_type)
+        error, message, node = _find(broker, key, key_type, ctx.connection.listener)
         if node is None:
             return {"key": key, "error_code": error, "error_message": message, "node_id": -1, "host": "",
                     "port": -1}

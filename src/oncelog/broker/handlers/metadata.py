@@ -113,7 +113,7 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
                     continue
             entries.append(_lookup_or_create(broker, name, auto_create))
     if cluster is None:
-        host, port = broker.advertised
+        host, port = broker.advertised_for(ctx.connection.listener)
         brokers = [{"node_id": broker.node_id, "host": host, "port": port, "rack": None}]
         controller_id = broker.node_id
     else:

@@ -1,0 +1,136 @@
+"""The broker's security, built once at start from its config: the listeners with their TLS contexts and SASL
+mechanisms, the SCRAM credential store, and (later steps) the authorizer.
+
+Everything that can be wrong in a security setting (a key store that does not load, a mechanism oncelog does not
+offer, a JAAS config without users) is found here, before any log is opened, and ends the start with the key's
+name. A connection asks `ListenerRuntime.new_authenticator()` for its state machine; nothing here runs per
+request.
+"""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..config import BrokerConfig
+from ..security.credentials import LocalCredentialStore
+from ..security.jaas import PLAIN_MODULE, SCRAM_MODULE, JaasError, parse_jaas
+from ..security.listeners import (
+    ListenerError,
+    ListenerSettings,
+    ListenerSpec,
+    inter_broker_listener,
+    listener_specs,
+)
+from ..security.sasl.authenticator import Authenticator
+from ..security.sasl.mechanisms import ExchangeFactory, PlainExchange, ScramExchange
+from ..security.tls import PrincipalMapper, TlsConfigError, server_context
+
+log = logging.getLogger("oncelog.security")
+
+OFFERED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+
+
+class SecurityConfigError(ValueError):
+    """A security setting the broker cannot start with."""
+
+
+@dataclass
+class ListenerRuntime:
+    """One listener as it runs: its spec, settings, TLS context and SASL mechanisms; `port` is the bound one."""
+
+    spec: ListenerSpec
+    settings: ListenerSettings
+    ssl_context: ssl.SSLContext | None = None
+    principal_mapper: PrincipalMapper | None = None
+    mechanisms: dict[str, ExchangeFactory] = field(default_factory=dict)
+    port: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def advertised(self) -> tuple[str, int]:
+        """host:port clients of this listener are told (port 0 in the config: the one bound)."""
+        return self.spec.advertised_host, self.spec.advertised_port or self.port
+
+    def new_authenticator(self) -> Authenticator | None:
+        """The SASL state machine of a new connection; None on a listener without SASL."""
+        if not self.spec.sasl:
+            return None
+        return Authenticator(self.mechanisms, self.settings["sasl.server.max.receive.size"],
+                             self.settings["connections.max.reauth.ms"])
+
+
+class BrokerSecurity:
+    """The listeners and the stores security keeps (credentials now; ACLs and quotas as their steps land)."""
+
+    def __init__(self, config: BrokerConfig, data_dir: Path, listen: tuple[str, int] | None) -> None:
+        values = config.values
+        try:
+            specs = listener_specs(values, None if values["listeners"] else listen)
+            self.inter_broker = inter_broker_listener(values, specs).name
+        except ListenerError as exc:
+            raise SecurityConfigError(str(exc)) from None
+        if values["oncelog.coordination.connect"] and (len(specs) > 1 or specs[0].protocol != "PLAINTEXT"):
+            raise SecurityConfigError(
+                "a cluster broker runs one PLAINTEXT listener for now: its brokers would reach each other over "
+                "it without credentials (secured clusters are docs/security.md §8 step 6)")
+        self.credentials = LocalCredentialStore(data_dir / "__oncelog_meta" / "scram-credentials.json")
+        self.listeners = [self._runtime(spec, values) for spec in specs]
+
+    @property
+    def secured(self) -> bool:
+        return any(lst.spec.protocol != "PLAINTEXT" for lst in self.listeners)
+
+    def _runtime(self, spec: ListenerSpec, values: Mapping[str, Any]) -> ListenerRuntime:
+        settings = ListenerSettings(spec, values)
+        runtime = ListenerRuntime(spec, settings, port=spec.port)
+        if spec.tls:
+            try:
+                runtime.ssl_context = server_context(settings, spec.name)
+                runtime.principal_mapper = PrincipalMapper(settings["ssl.principal.mapping.rules"])
+            except TlsConfigError as exc:
+                raise SecurityConfigError(str(exc)) from None
+        if spec.sasl:
+            runtime.mechanisms = self._mechanisms(spec, settings)
+        return runtime
+
+    def _mechanisms(self, spec: ListenerSpec, settings: ListenerSettings) -> dict[str, ExchangeFactory]:
+        enabled = [m.upper() for m in settings["sasl.enabled.mechanisms"] or []]
+        where = f"listener {spec.name}"
+        unknown = [m for m in enabled if m not in OFFERED_MECHANISMS]
+        if unknown:
+            hint = " (GSSAPI is Kafka's default: set sasl.enabled.mechanisms)" if "GSSAPI" in unknown else ""
+            raise SecurityConfigError(f"sasl.enabled.mechanisms of {where}: {', '.join(unknown)} not supported; "
+                                      f"oncelog offers {', '.join(OFFERED_MECHANISMS)}{hint}")
+        if not enabled:
+            raise SecurityConfigError(f"sasl.enabled.mechanisms of {where} is empty")
+        factories: dict[str, ExchangeFactory] = {}
+        for mechanism in enabled:
+            key = f"{spec.config_prefix}{mechanism.lower()}.sasl.jaas.config"
+            text = settings.jaas(mechanism)
+            entry = None
+            if text:
+                try:
+                    entry = parse_jaas(text, key)
+                except JaasError as exc:
+                    raise SecurityConfigError(str(exc)) from None
+            if mechanism == "PLAIN":
+                if entry is None or entry.module != PLAIN_MODULE:
+                    raise SecurityConfigError(f"PLAIN on {where} needs {key} = {PLAIN_MODULE} required "
+                                              'user_<name>="<password>" ...;')
+                users = {k[len("user_"):]: v for k, v in entry.options.items() if k.startswith("user_")}
+                if not users:
+                    raise SecurityConfigError(f"{key}: no user_<name>=\"<password>\" option, so nobody could log in")
+                factories[mechanism] = lambda users=users: PlainExchange(users)
+            else:
+                if entry is not None and entry.module != SCRAM_MODULE:
+                    raise SecurityConfigError(f"{key}: expected {SCRAM_MODULE}, got {entry.module}")
+                factories[mechanism] = lambda m=mechanism: ScramExchange(m, self.credentials)
+        return factories
