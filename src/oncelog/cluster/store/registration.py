@@ -287,7 +287,7 @@ class ControllerSeat:
         log.info("gave up the controller seat this broker no longer acts on")
         return True
 
-    # ---- what a change of session means for the seat (the facade calls these) -------------------------------
+    # ---- what a change of session means for the seat (the facade calls these) --------------------------------
 
     def forget(self) -> None:
         """A new session (main or seat) owns no seat: its /controller, if any, went with the old one."""
