@@ -9,17 +9,20 @@ satisfy them structurally. A cluster-mode broker offers the same members.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from ..errors import ErrorCode
+from ..security.acls import AclOperation, ResourceType
+from ..security.api_acls import CLUSTER_NAME, check_for, request_name
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
     from ..coordinator.group import GroupCoordinator
     from ..coordinator.txn.coordinator import TransactionCoordinator
     from ..coordinator.txn.producer_ids import ProducerIdManager
-    from ..errors import ErrorCode
     from ..storage.flusher import GroupCommitFlusher
     from ..storage.log_manager import LogManager
     from .delayed import PartitionWatchers
@@ -61,6 +64,46 @@ class RequestContext:
     client_id: str | None
     connection: ClientConnection
     seq: int = 0  # position of the request on its connection
+    # security.authorizer.Authorizer when ACLs are on (authorizer.class.name), else None: every check passes
+    authorizer: Any = None
+
+    @property
+    def principal(self) -> str:
+        return getattr(self.connection, "principal", "User:ANONYMOUS")
+
+    def authorized(self, resource: ResourceType, name: str, operation: AclOperation | None = None) -> bool:
+        """May the caller do what this API needs on `resource` `name`? The operation comes from the API's row of
+        security/api_acls.RULES (named here only where the row has two on that resource type)."""
+        if self.authorizer is None:
+            return True
+        check = check_for(self.api_key, resource, operation)
+        return self.authorizer.authorize(self.principal, self.connection.client_host, check.operation, resource,
+                                         name, request_name=request_name(self.api_key))
+
+    def filter_authorized(self, resource: ResourceType, names: Iterable[str],
+                          operation: AclOperation | None = None) -> list[str]:
+        """The names (in order) the caller may do this API's operation on (Kafka's filterByAuthorized)."""
+        names = list(names)
+        if self.authorizer is None:
+            return names
+        check = check_for(self.api_key, resource, operation)
+        return self.authorizer.filter(self.principal, self.connection.client_host, check.operation, resource,
+                                      names, request_name=request_name(self.api_key))
+
+    def authorized_any(self, resource: ResourceType, operation: AclOperation | None = None) -> bool:
+        """Is there any `resource` the caller may do the operation on (KIP-679: WRITE on some topic)?"""
+        if self.authorizer is None:
+            return True
+        check = check_for(self.api_key, resource, operation)
+        return self.authorizer.authorize_any(self.principal, self.connection.client_host, check.operation, resource,
+                                             request_name=request_name(self.api_key))
+
+    def authorized_cluster(self, operation: AclOperation | None = None) -> bool:
+        return self.authorized(ResourceType.CLUSTER, CLUSTER_NAME, operation)
+
+    def denial(self, resource: ResourceType, operation: AclOperation | None = None) -> ErrorCode:
+        """The error this API answers when the check on `resource` fails."""
+        return check_for(self.api_key, resource, operation).error
 
 
 class RequestDispatcher(Protocol):

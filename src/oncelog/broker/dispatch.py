@@ -20,6 +20,7 @@ from ..protocol.apis import SPECS, ApiKey, request_header_flexible, response_hea
 from ..protocol.fetch_codec import pieces_size
 from ..protocol.header import decode_request_header, encode_response_header, peek_api
 from ..protocol.primitives import ProtocolError
+from ..security.api_acls import RULES
 from .context import Handler, RequestContext
 from .wire import close_pieces
 
@@ -40,6 +41,9 @@ class Dispatcher:
                  internal: dict[int, Handler] | None = None) -> None:
         self.broker = broker
         self.advertised = dict(handlers)
+        # The broker's authorizer (None: ACLs off, every check passes at the cost of one test).
+        security = getattr(broker, "security", None)
+        self.authorizer = getattr(security, "authorizer", None)
         self.handlers = {**handlers, **(internal or {})}
 
     def supported_versions(self, sasl: bool = False) -> list[tuple[int, int, int]]:
@@ -74,6 +78,13 @@ class Dispatcher:
             fut.set_result(None)
             conn.close_after_pending(seq)
             return
+        if self.authorizer is not None and api_key not in RULES:
+            # fail closed: an API nobody wrote the checks of is not served while ACLs are on
+            log.error("closing connection from %s: %s has no row in security/api_acls.RULES", conn.peer,
+                      ApiKey(api_key).name)
+            fut.set_result(None)
+            conn.close_after_pending(seq)
+            return
         auth = conn.authenticator
         if auth is not None and not auth.allows(api_key):
             log.warning("closing connection from %s: %s %s", conn.peer, ApiKey(api_key).name,
@@ -99,7 +110,8 @@ class Dispatcher:
             header, body_offset = decode_request_header(
                 memoryview(frame), request_header_flexible(api_key, api_version)
             )
-            ctx = RequestContext(api_key, api_version, header.correlation_id, header.client_id, conn, seq)
+            ctx = RequestContext(api_key, api_version, header.correlation_id, header.client_id, conn, seq,
+                                 self.authorizer)
             body = memoryview(frame)[body_offset:]
             result = await self.handlers[api_key](self.broker, ctx, body)
         except ProtocolError as exc:

@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from ..config import BrokerConfig
+from ..security.acl_store import AclStoreError, LocalAclStore
+from ..security.authorizer import Authorizer, parse_super_users
 from ..security.credentials import LocalCredentialStore
 from ..security.jaas import PLAIN_MODULE, SCRAM_MODULE, JaasError, parse_jaas
 from ..security.listeners import (
@@ -33,6 +35,9 @@ from ..security.tls import PrincipalMapper, TlsConfigError, server_context
 log = logging.getLogger("oncelog.security")
 
 OFFERED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+# Kafka's class names that turn ACLs on; oncelog's authorizer decides as StandardAuthorizer does.
+AUTHORIZER_CLASSES = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+                      "kafka.security.authorizer.AclAuthorizer")
 
 
 class SecurityConfigError(ValueError):
@@ -83,6 +88,24 @@ class BrokerSecurity:
                 "it without credentials (secured clusters are docs/security.md §8 step 6)")
         self.credentials = LocalCredentialStore(data_dir / "__oncelog_meta" / "scram-credentials.json")
         self.listeners = [self._runtime(spec, values) for spec in specs]
+        self.authorizer: Authorizer | None = None
+        self.acl_store: LocalAclStore | None = None
+        authorizer_class = values["authorizer.class.name"]
+        if authorizer_class:
+            if authorizer_class not in AUTHORIZER_CLASSES:
+                raise SecurityConfigError(f"authorizer.class.name {authorizer_class}: oncelog's authorizer has the "
+                                          f"semantics of {' or '.join(AUTHORIZER_CLASSES)}; name one of them")
+            if values["oncelog.coordination.connect"]:
+                raise SecurityConfigError("authorizer.class.name on a cluster broker: its ACLs must be kept in "
+                                          "ZooKeeper for every broker (docs/security.md §8 step 6)")
+            self.authorizer = Authorizer(parse_super_users(values["super.users"]),
+                                         values["allow.everyone.if.no.acl.found"])
+            try:
+                self.acl_store = LocalAclStore(data_dir / "__oncelog_meta" / "acls.json")
+                self.authorizer.update(self.acl_store.load())
+            except AclStoreError as exc:
+                raise SecurityConfigError(str(exc)) from None
+            self.acl_store.set_listener(self.authorizer.update)
 
     @property
     def secured(self) -> bool:

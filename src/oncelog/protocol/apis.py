@@ -39,6 +39,9 @@ class ApiKey(IntEnum):
     END_TXN = 26
     WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_REPLICA_LOG_DIRS = 34
     DESCRIBE_LOG_DIRS = 35
@@ -101,6 +104,9 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.END_TXN, 0, 4, 3),
         ApiSpec(ApiKey.WRITE_TXN_MARKERS, 1, 1, 1),
         ApiSpec(ApiKey.TXN_OFFSET_COMMIT, 0, 4, 3),
+        ApiSpec(ApiKey.DESCRIBE_ACLS, 1, 3, 2),
+        ApiSpec(ApiKey.CREATE_ACLS, 1, 3, 2),
+        ApiSpec(ApiKey.DELETE_ACLS, 1, 3, 2),
         ApiSpec(ApiKey.DESCRIBE_CONFIGS, 1, 4, 4),
         ApiSpec(ApiKey.ALTER_REPLICA_LOG_DIRS, 1, 2, 2),
         ApiSpec(ApiKey.DESCRIBE_LOG_DIRS, 1, 4, 2),

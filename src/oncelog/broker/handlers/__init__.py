@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ...protocol.apis import ApiKey
 from . import (
+    acls,
     api_versions,
     cluster,
     configs,
@@ -71,6 +72,9 @@ HANDLERS = {
     ApiKey.SASL_AUTHENTICATE: sasl.handle_sasl_authenticate,
     ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: scram.handle_describe,
     ApiKey.ALTER_USER_SCRAM_CREDENTIALS: scram.handle_alter,
+    ApiKey.DESCRIBE_ACLS: acls.handle_describe_acls,
+    ApiKey.CREATE_ACLS: acls.handle_create_acls,
+    ApiKey.DELETE_ACLS: acls.handle_delete_acls,
 }
 
 INTERNAL_HANDLERS = {
