@@ -142,14 +142,14 @@ def list_offset_raw(wire: Wire, topic: str, partition: int, timestamp: int, vers
 
 
 def fetch_raw(wire: Wire, topic: str, partition: int, offset: int, *, max_bytes: int = 1 << 20,
-              version: int = 11, max_wait_ms: int = 0) -> Any:
+              version: int = 11, max_wait_ms: int = 0, replica_id: int = -1) -> Any:
     from kafka.protocol.consumer import FetchRequest
 
     req = FetchRequest[version]
     ft = req.FetchTopic
     fp = ft.FetchPartition
     kwargs: dict[str, Any] = dict(
-        replica_id=-1, max_wait_ms=max_wait_ms, min_bytes=0, max_bytes=max_bytes, isolation_level=0,
+        replica_id=replica_id, max_wait_ms=max_wait_ms, min_bytes=0, max_bytes=max_bytes, isolation_level=0,
         topics=[ft(topic=topic, partitions=[fp(partition=partition, fetch_offset=offset, log_start_offset=-1,
                                                 partition_max_bytes=max_bytes, current_leader_epoch=-1)])],
     )

@@ -65,3 +65,21 @@ class Wire:
         assert correlation_id == self.correlation, (correlation_id, self.correlation)
         offset = 4 + (1 if flexible else 0)  # response header v1: the broker sends no tags
         return cls.decode(frame[offset:], version=version)
+
+
+def sasl_plain_wire(bootstrap: str, user: str, password: str, timeout: float = 30.0) -> Wire:
+    """A Wire on a SASL_PLAINTEXT listener, authenticated with PLAIN (SaslHandshake v1, SaslAuthenticate v2)."""
+    from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
+
+    wire = Wire(bootstrap, timeout=timeout)
+    try:
+        handshake = wire.request(SaslHandshakeRequest[1](mechanism="PLAIN"), 1)
+        if handshake.error_code:
+            raise ConnectionError(f"SaslHandshake answered {handshake.error_code}")
+        answer = wire.request(SaslAuthenticateRequest[2](auth_bytes=f"\0{user}\0{password}".encode()), 2)
+        if answer.error_code:
+            raise ConnectionError(f"SaslAuthenticate answered {answer.error_code}: {answer.error_message}")
+    except BaseException:
+        wire.close()
+        raise
+    return wire

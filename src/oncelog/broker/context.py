@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ..errors import ErrorCode
-from ..security.acls import AclOperation, ResourceType
+from ..security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType
 from ..security.api_acls import CLUSTER_NAME, check_for, request_name
 
 if TYPE_CHECKING:
@@ -100,6 +100,18 @@ class RequestContext:
 
     def authorized_cluster(self, operation: AclOperation | None = None) -> bool:
         return self.authorized(ResourceType.CLUSTER, CLUSTER_NAME, operation)
+
+    def authorized_operations(self, resource: ResourceType, name: str) -> set[int]:
+        """The operations the caller may do on the resource, for `include_*_authorized_operations` (Kafka's
+        AuthHelper.authorizedOperations: every supported operation when no authorizer is on); the codecs write
+        the set as Kafka's 32-bit field. Audit lines at TRACE only: asking is not doing."""
+        supported = sorted(SUPPORTED_OPERATIONS[resource])
+        if self.authorizer is not None:
+            supported = [op for op in supported
+                         if self.authorizer.authorize(self.principal, self.connection.client_host, op, resource, name,
+                                                      request_name=request_name(self.api_key),
+                                                      log_if_allowed=False, log_if_denied=False)]
+        return {int(op) for op in supported}
 
     def denial(self, resource: ResourceType, operation: AclOperation | None = None) -> ErrorCode:
         """The error this API answers when the check on `resource` fails."""

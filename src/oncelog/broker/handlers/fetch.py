@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ErrorCode, KafkaError
 from ...protocol.fetch_codec import FetchPartitionResponse, decode_fetch_request, encode_fetch_response
+from ...security.acls import AclOperation, ResourceType
 from ..delayed import replica_key
 from ..partition_access import LocalPartitionAccess
 from ..wire import FileRegion, close_pieces
@@ -46,7 +47,7 @@ UNDEFINED_EPOCH = -1
 
 
 def _read_all(broker: BrokerServices, req: Any, conn: Any,
-              replica: dict[tuple[str, int], Verdict] | None = None,
+              replica: dict[tuple[str, int], Verdict] | None = None, denied: frozenset[str] = frozenset(),
               ) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
     """One pass over the request's partitions. `replica`: for a follower's fetch, the verdict per partition (NONE:
     read up to the log end and answer the leader's own log start; an error: answer it; (epoch, end offset): its
@@ -62,6 +63,12 @@ def _read_all(broker: BrokerServices, req: Any, conn: Any,
     for topic in req.topics:
         parts: list[FetchPartitionResponse] = []
         topics.append((topic.name, parts))
+        if denied and topic.name in denied:
+            # no READ on it: said before anything says whether it exists; as in Kafka the authorized partitions
+            # still wait for min_bytes (all denied: no key is watched and the answer goes at once)
+            parts.extend(_error_partition(fp.partition, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                         for fp in topic.partitions)
+            continue
         for fp in topic.partitions:
             part = access.leader(topic.name, fp.partition, fp.current_leader_epoch)
             if isinstance(part, ErrorCode):
@@ -194,12 +201,23 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
         return encode_fetch_response(ctx.api_version, 0, int(ErrorCode.FETCH_SESSION_ID_NOT_FOUND), 0, [])
     loop = asyncio.get_running_loop()
     deadline = loop.time() + max(req.max_wait_ms, 0) / 1000
-    keys = [(t.name, p.partition) for t in req.topics for p in t.partitions]
+    denied: frozenset[str] = frozenset()
+    if ctx.authorizer is not None:
+        if req.replica_id >= 0:
+            if not ctx.authorized_cluster(AclOperation.CLUSTER_ACTION):
+                # a client posing as a follower: no records, and no follower state (ISR, high watermark) moves
+                refused = [(t.name, [_error_partition(p.partition, ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+                                     for p in t.partitions]) for t in req.topics]
+                return encode_fetch_response(ctx.api_version, 0, 0, 0, refused)
+        else:
+            names = [t.name for t in req.topics for _ in t.partitions]
+            denied = frozenset(names) - set(ctx.filter_authorized(ResourceType.TOPIC, names))
+    keys = [(t.name, p.partition) for t in req.topics for p in t.partitions if t.name not in denied]
     replica = _replica_verdicts(broker, req) if req.replica_id >= 0 else None
     watched = keys + [replica_key(req.replica_id)] if replica is not None else keys
     answer_now = False      # a follower's fetch asked to answer early (delayed.py wake_replica)
     while True:
-        topics, total, has_error = _read_all(broker, req, ctx.connection, replica)
+        topics, total, has_error = _read_all(broker, req, ctx.connection, replica, denied)
         remaining = deadline - loop.time()
         if (answer_now or total >= req.min_bytes or has_error or remaining <= 0 or ctx.connection.closed
                 or not keys):

@@ -15,6 +15,8 @@ from ...config import topic_name_problem
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import AclOperation, ResourceType
+from ...security.api_acls import CLUSTER_NAME
 from .common import UNKNOWN_AUTHORIZED_OPERATIONS, find_topic_by_id, topic_uuid
 
 if TYPE_CHECKING:
@@ -95,7 +97,9 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     cluster = getattr(broker, "cluster", None)
     if requested is None or (version == 0 and not requested):
         names = sorted(broker.logs.topics if cluster is None else cluster.image.topics)
-        entries = [topic_entry(broker, n) for n in names]
+        # all topics: those the caller may not DESCRIBE are left out, as if they did not exist
+        entries = [topic_entry(broker, n)
+                   for n in ctx.filter_authorized(ResourceType.TOPIC, names, AclOperation.DESCRIBE)]
     else:
         entries = []
         for item in requested:
@@ -105,13 +109,26 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             # empty name beside the id (`kafka-topics --describe --topic-id`); a null name means by id as well.
             if name is None or (topic_id is not None and topic_id.int != 0):
                 name = _find_by_id(broker, topic_id)
-                if name is None:
-                    entry = topic_entry(broker, "", ErrorCode.UNKNOWN_TOPIC_ID)
+                if name is None or not ctx.authorized(ResourceType.TOPIC, name, AclOperation.DESCRIBE):
+                    entry = topic_entry(broker, "", ErrorCode.UNKNOWN_TOPIC_ID if name is None
+                                        else ErrorCode.TOPIC_AUTHORIZATION_FAILED)
                     entry["name"] = None
                     entry["topic_id"] = item.topic_id
                     entries.append(entry)
                     continue
+            elif not ctx.authorized(ResourceType.TOPIC, name, AclOperation.DESCRIBE):
+                # named but not describable: the same answer whether or not it exists
+                entries.append(_error_entry(name, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+                continue
+            if auto_create and not _may_create(ctx, broker, name):
+                # describable, missing, and the caller may not create it: Kafka's unauthorizedForCreateTopics
+                entries.append(_error_entry(name, ErrorCode.TOPIC_AUTHORIZATION_FAILED))
+                continue
             entries.append(_lookup_or_create(broker, name, auto_create))
+    if version >= 8 and getattr(req, "include_topic_authorized_operations", False):
+        for entry in entries:
+            if entry["error_code"] == 0:
+                entry["authorized_operations"] = ctx.authorized_operations(ResourceType.TOPIC, entry["name"])
     if cluster is None:
         host, port = broker.advertised_for(ctx.connection.listener)
         brokers = [{"node_id": broker.node_id, "host": host, "port": port, "rack": None}]
@@ -121,15 +138,27 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
         brokers = [{"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
                    for _, b in sorted(image.brokers.items())]
         controller_id = image.controller_id
+    cluster_operations = UNKNOWN_AUTHORIZED_OPERATIONS
+    if 8 <= version <= 10 and getattr(req, "include_cluster_authorized_operations", False):
+        cluster_operations = ctx.authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
     data = {
         "throttle_time_ms": 0,
         "brokers": brokers,
         "cluster_id": broker.cluster_id,
         "controller_id": controller_id,
         "topics": entries,
-        "authorized_operations": UNKNOWN_AUTHORIZED_OPERATIONS,
+        "authorized_operations": cluster_operations,
     }
     return encode_response(ApiKey.METADATA, version, data)
+
+
+def _may_create(ctx: RequestContext, broker: BrokerServices, name: str) -> bool:
+    """Auto-creation needs CREATE on the cluster or on the topic (Kafka asks the cluster first, without logging
+    its denial). Only asked for a topic that does not exist yet."""
+    cluster = getattr(broker, "cluster", None)
+    if ctx.authorizer is None or name in (broker.logs.topics if cluster is None else cluster.image.topics):
+        return True
+    return ctx.authorized_cluster(AclOperation.CREATE) or ctx.authorized(ResourceType.TOPIC, name, AclOperation.CREATE)
 
 
 def _find_by_id(broker: BrokerServices, topic_id: Any) -> str | None:

@@ -22,6 +22,7 @@ from ...protocol.produce_codec import (
 )
 from ...records.batch import read_header, set_log_append_time
 from ...records.validate import convert_codec, stored_codec, validate_produce
+from ...security.acls import ResourceType
 from .common import now_ms
 
 if TYPE_CHECKING:
@@ -69,10 +70,15 @@ def _client_facing(broker: BrokerServices, ctx: RequestContext, header: Any, err
 async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> Any:
     req = decode_produce_request(body, ctx.api_version)
     conn = ctx.connection
+    denied: frozenset[str] = frozenset()
+    if ctx.authorizer is not None:
+        refusal, denied = _authorization(ctx, req)
+        if refusal:
+            return await _answer(ctx, req, _refused(req, refusal), [])
     earlier = conn.produce_gate
     verify = _remote_verifications(broker, req)
     if not verify and (earlier is None or earlier.done()):
-        topics, waits, stale = _append_all(broker, ctx, req, {})
+        topics, waits, stale = _append_all(broker, ctx, req, {}, denied)
         if stale:
             await _remote_stale_owners(broker, ctx, req, stale)
         return await _answer(ctx, req, topics, waits)
@@ -91,7 +97,7 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             assert verifier is not None and req.transactional_id is not None
             answers = await verifier.verify(req.transactional_id, pid, epoch, tps, req.timeout_ms / 1000)
             refused = {tp: answer for tp, answer in answers.items() if answer[0]}
-        topics, waits, stale = _append_all(broker, ctx, req, refused)
+        topics, waits, stale = _append_all(broker, ctx, req, refused, denied)
     finally:
         gate.set_result(None)
         if conn.produce_gate is gate:
@@ -99,6 +105,37 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     if stale:
         await _remote_stale_owners(broker, ctx, req, stale)
     return await _answer(ctx, req, topics, waits)
+
+
+def _authorization(ctx: RequestContext, req: Any) -> tuple[ErrorCode, frozenset[str]]:
+    """Kafka's checks (security/api_acls.RULES): WRITE on the transactional id when the request carries
+    transactional batches (else the whole request is refused), then WRITE on each topic. (request-wide refusal or
+    NONE, the topics the caller may not write)."""
+    transactional = False
+    for _, partitions in req.topics:
+        for _, records in partitions:
+            try:
+                transactional = transactional or read_header(records).is_transactional
+            except Exception:
+                continue  # malformed: the append path answers it
+    if transactional and not (req.transactional_id
+                              and ctx.authorized(ResourceType.TRANSACTIONAL_ID, req.transactional_id)):
+        return ctx.denial(ResourceType.TRANSACTIONAL_ID), frozenset()
+    names = [name for name, partitions in req.topics for _ in partitions]
+    return ErrorCode.NONE, frozenset(names) - set(ctx.filter_authorized(ResourceType.TOPIC, names))
+
+
+def _refused(req: Any, refusal: ErrorCode) -> list[tuple[str, list[_Slot]]]:
+    """Every partition answered with a request-wide refusal: nothing is appended."""
+    topics = []
+    for name, partitions in req.topics:
+        slots = []
+        for index, _ in partitions:
+            slot = _Slot(index)
+            slot.error = refusal
+            slots.append(slot)
+        topics.append((name, slots))
+    return topics
 
 
 def _remote_verifications(broker: BrokerServices, req: Any) -> tuple[int, int, list[tuple[str, int]]] | None:
@@ -126,12 +163,13 @@ def _remote_verifications(broker: BrokerServices, req: Any) -> tuple[int, int, l
 
 
 def _append_all(broker: BrokerServices, ctx: RequestContext, req: Any,
-                refused: dict[tuple[str, int], tuple[ErrorCode, str | None]]
+                refused: dict[tuple[str, int], tuple[ErrorCode, str | None]], denied: frozenset[str] = frozenset(),
                 ) -> tuple[list[tuple[str, list[_Slot]]], list[tuple[_Slot, Any]], list[_Stale]]:
     """Validate and append every batch, synchronously (no await: the order of appends is the order of requests
     on the connection); the slots, the acks=all waits, and the refusals for an old epoch that only a remote
     transaction coordinator can tell apart (see _remote_stale_owners). `refused`: partitions a remote
-    transaction coordinator did not confirm, answered with its verdict."""
+    transaction coordinator did not confirm, answered with its verdict; `denied`: topics the caller may not
+    write (TOPIC_AUTHORIZATION_FAILED)."""
     acks = req.acks
     metrics = broker.metrics
     access = broker.partitions
@@ -146,6 +184,10 @@ def _append_all(broker: BrokerServices, ctx: RequestContext, req: Any,
         for index, records in partitions:
             slot = _Slot(index)
             slots.append(slot)
+            if denied and topic_name in denied:
+                # no WRITE on the topic: answered before anything says whether it exists
+                slot.error = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                continue
             if acks not in (0, 1, -1):
                 slot.error = ErrorCode.INVALID_REQUIRED_ACKS
                 continue
