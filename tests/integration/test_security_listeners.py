@@ -18,6 +18,7 @@ from confluent_kafka.admin import AdminClient
 from kafka.protocol.admin import DescribeUserScramCredentialsRequest
 from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from kafka.protocol.sasl import SaslAuthenticateRequest, SaslHandshakeRequest
+from tests.integration.helpers import scrape
 from tests.support.kafka import TlsMaterial
 from tests.support.secured_broker import SecuredBroker
 from tests.support.wire import Wire
@@ -248,3 +249,36 @@ def test_plaintext_on_a_tls_port_and_tls_on_a_plaintext_port(broker, tls):
         with pytest.raises((ssl.SSLError, ConnectionError, OSError)):
             context.wrap_socket(raw, server_hostname="127.0.0.1")
     round_trip(broker.client_config("SSL"), "after-garbage", 5)
+
+
+def test_reauthentication_keeps_a_long_lived_connection_and_an_expired_one_is_closed(tmp_path, tls):
+    """KIP-368: with connections.max.reauth.ms the session lifetime is announced; librdkafka re-authenticates
+    on the same connection and keeps producing; a client that does not is closed at its next request."""
+    b = SecuredBroker(tmp_path, tls, {"connections.max.reauth.ms": 1500}, metrics=True).start()
+    try:
+        conf = b.client_config("SASL_SSL", mechanism="SCRAM-SHA-256")
+        errors: list = []
+        producer = Producer({**conf, "error_cb": errors.append, "linger.ms": 5})
+        delivered: list = []
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            producer.produce("reauth", b"r", on_delivery=lambda e, m: delivered.append(e))
+            producer.poll(0.05)
+        assert producer.flush(20) == 0
+        assert delivered and all(e is None for e in delivered) and errors == []
+        log = b.process.log_path.read_text()
+        assert "SASL session expired" not in log
+        counts = scrape(b.process.metrics_port)
+        reauth = counts[("oncelog_successful_reauthentication_total",
+                         (("listener", "SASL_SSL"), ("mechanism", "SCRAM-SHA-256")))]
+        assert reauth >= 2  # about every 1.5 s for 5 s, on the connections librdkafka keeps open
+        with Wire(b.bootstrap_for("SASL_PLAINTEXT")) as w:
+            assert w.request(SaslHandshakeRequest[1](mechanism="PLAIN"), 1).error_code == 0
+            answer = w.request(SaslAuthenticateRequest[1](auth_bytes=b"\0alice\0alice-secret"), 1)
+            assert (answer.error_code, answer.session_lifetime_ms) == (0, 1500)
+            w.request(MetadataRequest[9](topics=[], allow_auto_topic_creation=False), 9)
+            time.sleep(2.0)
+            w.request(MetadataRequest[9](topics=[], allow_auto_topic_creation=False), 9, expect_response=False)
+            assert _closed(w)
+    finally:
+        b.stop()

@@ -65,10 +65,11 @@ class SecuredBroker:
     """One oncelog broker with the listeners above; `client_config(listener, mechanism=..., ...)` as KafkaCluster."""
 
     def __init__(self, directory: Path, tls: TlsMaterial, settings: Mapping[str, Any] | None = None,
-                 users: Mapping[str, str] = DEFAULT_USERS) -> None:
+                 users: Mapping[str, str] = DEFAULT_USERS, metrics: bool = False) -> None:
         self.tls = tls
         self.users = dict(users)
-        self.process = BrokerProcess(directory / "data", {**secured_settings(tls, users), **(settings or {})})
+        self.process = BrokerProcess(directory / "data", {**secured_settings(tls, users), **(settings or {})},
+                                     metrics=metrics)
 
     def start(self) -> SecuredBroker:
         self.process.start()

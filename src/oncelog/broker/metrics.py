@@ -182,6 +182,14 @@ class BrokerMetrics:
             ["kind"], registry=r,
         )
         self.connections = Counter("oncelog_connections_accepted", "Connections accepted", registry=r)
+        # Kafka's selector metrics (successful-authentication-total, ...), per listener and mechanism
+        self.authentications = Counter("oncelog_successful_authentication", "SASL authentications that succeeded",
+                                       ["listener", "mechanism"], registry=r)
+        self.reauthentications = Counter("oncelog_successful_reauthentication",
+                                         "SASL re-authentications (KIP-368) that succeeded",
+                                         ["listener", "mechanism"], registry=r)
+        self.failed_authentications = Counter("oncelog_failed_authentication", "SASL authentications refused",
+                                              ["listener", "mechanism"], registry=r)
         self._http = None
 
     def watch_partitions(self, logs: Callable[[], Iterable[tuple[str, int, Any]]],

@@ -40,12 +40,17 @@ async def handle_sasl_authenticate(broker: BrokerServices, ctx: RequestContext, 
     if auth is None:
         conn.close_after_pending(ctx.seq)
         return _answer(ctx, ErrorCode.ILLEGAL_SASL_STATE, "SaslAuthenticate on a listener without SASL", b"", 0)
+    again = auth.reauthenticating
     error, message, out, lifetime_ms = auth.authenticate(bytes(req.auth_bytes or b""))
+    labels = (conn.listener.name if conn.listener is not None else "", auth.mechanism or "")
     if error == ErrorCode.NONE:
         if auth.principal is not None and auth.authenticated:
             conn.principal = auth.principal
-            log.debug("%s authenticated as %s with %s", conn.peer, auth.principal, auth.mechanism)
+            (broker.metrics.reauthentications if again else broker.metrics.authentications).labels(*labels).inc()
+            log.debug("%s %sauthenticated as %s with %s", conn.peer, "re-" if again else "", auth.principal,
+                      auth.mechanism)
         return _answer(ctx, error, None, out, lifetime_ms)
+    broker.metrics.failed_authentications.labels(*labels).inc()
     log.info("closing connection from %s: authentication with %s failed: %s", conn.peer, auth.mechanism, message)
     conn.close_after_pending(ctx.seq)
     if error == ErrorCode.SASL_AUTHENTICATION_FAILED:
