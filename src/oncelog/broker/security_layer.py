@@ -34,7 +34,7 @@ from ..security.tls import PrincipalMapper, TlsConfigError, server_context
 
 log = logging.getLogger("oncelog.security")
 
-OFFERED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+OFFERED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 # Kafka's class names that turn ACLs on; oncelog's authorizer decides as StandardAuthorizer does.
 AUTHORIZER_CLASSES = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                       "kafka.security.authorizer.AclAuthorizer")
@@ -86,6 +86,7 @@ class BrokerSecurity:
             raise SecurityConfigError(
                 "a cluster broker runs one PLAINTEXT listener for now: its brokers would reach each other over "
                 "it without credentials (secured clusters are docs/security.md §8 step 6)")
+        self.jwks: list[Any] = []  # the OAUTHBEARER listeners' key sets (sasl/oauthbearer.JwksKeys)
         self.credentials = LocalCredentialStore(data_dir / "__oncelog_meta" / "scram-credentials.json")
         self.listeners = [self._runtime(spec, values) for spec in specs]
         self.authorizer: Authorizer | None = None
@@ -144,6 +145,9 @@ class BrokerSecurity:
                     entry = parse_jaas(text, key)
                 except JaasError as exc:
                     raise SecurityConfigError(str(exc)) from None
+            if mechanism == "OAUTHBEARER":
+                factories[mechanism] = self._oauthbearer(spec, settings)
+                continue
             if mechanism == "PLAIN":
                 if entry is None or entry.module != PLAIN_MODULE:
                     raise SecurityConfigError(f"PLAIN on {where} needs {key} = {PLAIN_MODULE} required "
@@ -157,3 +161,33 @@ class BrokerSecurity:
                     raise SecurityConfigError(f"{key}: expected {SCRAM_MODULE}, got {entry.module}")
                 factories[mechanism] = lambda m=mechanism: ScramExchange(m, self.credentials)
         return factories
+
+    def _oauthbearer(self, spec: ListenerSpec, settings: ListenerSettings) -> ExchangeFactory:
+        from ..security.sasl.oauthbearer import JwksError, JwksKeys, OAuthBearerExchange, OAuthSettings
+
+        location = settings["sasl.oauthbearer.jwks.endpoint.url"]
+        if not location:
+            raise SecurityConfigError(f"OAUTHBEARER on listener {spec.name} needs "
+                                      "sasl.oauthbearer.jwks.endpoint.url (oncelog has no unsecured validator)")
+        try:
+            keys = JwksKeys(location, settings["sasl.oauthbearer.jwks.endpoint.refresh.ms"])
+        except JwksError as exc:
+            raise SecurityConfigError(str(exc)) from None
+        self.jwks.append(keys)
+        oauth = OAuthSettings(keys, tuple(settings["sasl.oauthbearer.expected.audience"] or ()),
+                              settings["sasl.oauthbearer.expected.issuer"] or None,
+                              settings["sasl.oauthbearer.clock.skew.seconds"],
+                              settings["sasl.oauthbearer.sub.claim.name"] or "sub",
+                              settings["sasl.oauthbearer.scope.claim.name"] or "scope")
+        return lambda: OAuthBearerExchange(oauth)
+
+    async def refresh_keys(self) -> None:
+        """Read every stale JWKS again, in a thread (a URL may take its time); a failure keeps the old keys."""
+        import asyncio
+
+        for keys in self.jwks:
+            if keys.stale():
+                try:
+                    await asyncio.to_thread(keys.refresh)
+                except Exception as exc:  # the old key set stays in use
+                    log.warning("cannot refresh the JWKS from %s: %s", keys.location, exc)

@@ -226,6 +226,8 @@ class Broker:
                             self.logs.expire_producers if self.cluster is None else self.cluster.expire_producers)
             ),
         ]
+        if self.security.jwks:  # OAUTHBEARER's key sets, refreshed off the loop
+            self._tasks.append(loop.create_task(self._every(60000, self.security.refresh_keys)))
         log.info("broker %d started, cluster id %s, data in %s", self.node_id, self.cluster_id, self.data_dir)
 
     async def _listen(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -26,7 +26,8 @@ LISTENER_KEYS = (
     "ssl.truststore.password", "ssl.truststore.certificates", "ssl.client.auth", "ssl.principal.mapping.rules",
     "ssl.enabled.protocols", "ssl.protocol", "ssl.cipher.suites", "ssl.endpoint.identification.algorithm",
     "sasl.enabled.mechanisms", "connections.max.reauth.ms", "sasl.server.max.receive.size",
-    "sasl.oauthbearer.jwks.endpoint.url", "sasl.oauthbearer.expected.audience",
+    "sasl.oauthbearer.jwks.endpoint.url", "sasl.oauthbearer.jwks.endpoint.refresh.ms",
+    "sasl.oauthbearer.expected.audience",
     "sasl.oauthbearer.expected.issuer", "sasl.oauthbearer.clock.skew.seconds",
     "sasl.oauthbearer.sub.claim.name", "sasl.oauthbearer.scope.claim.name",
 )
