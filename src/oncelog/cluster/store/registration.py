@@ -31,6 +31,7 @@ from .session import Build, CheckedCommit, StoreSession
 
 log = logging.getLogger(__name__)
 
+
 @dataclass(frozen=True)
 class Registration:
     node_id: int
