@@ -1,5 +1,10 @@
 """Group APIs: FindCoordinator, JoinGroup, SyncGroup, Heartbeat, LeaveGroup, DescribeGroups, ListGroups,
-DeleteGroups. The rules live in coordinator/group/; this is the wire and its per-version shapes."""
+DeleteGroups. The rules live in coordinator/group/; this is the wire and its per-version shapes.
+
+Authorization (security/api_acls.RULES) as Kafka's KafkaApis makes it, always before the coordinator is asked:
+FindCoordinator DESCRIBE on each key's group or transactional id; JoinGroup, SyncGroup, Heartbeat and LeaveGroup
+READ on the group for the whole request; DescribeGroups DESCRIBE and DeleteGroups DELETE on each group; ListGroups
+the whole list with Cluster DESCRIBE, else only the groups the caller may DESCRIBE."""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from ...coordinator.txn.coordinator import TXN_TOPIC
 from ...errors import ErrorCode
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import ResourceType
 from .common import UNKNOWN_AUTHORIZED_OPERATIONS
 
 if TYPE_CHECKING:
@@ -19,9 +25,6 @@ if TYPE_CHECKING:
 
 KEY_TYPE_GROUP = 0
 KEY_TYPE_TRANSACTION = 1
-# READ (3), DELETE (6) and DESCRIBE (8) on a group, as the bit positions the codec takes: everything is
-# allowed on a broker without ACLs.
-GROUP_AUTHORIZED_OPERATIONS = frozenset({3, 6, 8})
 
 
 def coordinator_of(broker: BrokerServices) -> GroupCoordinator | None:
@@ -56,13 +59,27 @@ def _find(broker: BrokerServices, key: str, key_type: int,
     return ErrorCode.NONE, None, node
 
 
+def _coordinator_denial(ctx: RequestContext, key: str, key_type: int) -> ErrorCode:
+    """DESCRIBE on the key's group or transactional id (per key), before the coordinator is looked up (which may
+    create the internal topic)."""
+    resource = {KEY_TYPE_GROUP: ResourceType.GROUP, KEY_TYPE_TRANSACTION: ResourceType.TRANSACTIONAL_ID}.get(key_type)
+    if resource is not None and not ctx.authorized(resource, key):
+        return ctx.denial(resource)
+    return ErrorCode.NONE
+
+
 async def handle_find_coordinator(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.FIND_COORDINATOR, ctx.api_version, body)
     version = ctx.api_version
     key_type = req.key_type if version >= 1 else KEY_TYPE_GROUP
 
     def answer(key: str) -> dict[str, Any]:
-        error, message, node = _find(broker, key, key_type, ctx.connection.listener)
+        denied = _coordinator_denial(ctx, key, key_type)
+        if denied:
+            # Kafka's v4+ entries carry no message; before v4 the error answer has the error's own
+            error, message, node = denied, None if version >= 4 else denied.message, None
+        else:
+            error, message, node = _find(broker, key, key_type, ctx.connection.listener)
         if node is None:
             return {"key": key, "error_code": error, "error_message": message, "node_id": -1, "host": "",
                     "port": -1}
@@ -86,7 +103,10 @@ async def handle_join_group(broker: BrokerServices, ctx: RequestContext, body: m
     data: dict[str, Any] = {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
                             "generation_id": -1, "protocol_type": None, "protocol_name": None if version >= 7 else "",
                             "leader": "", "skip_assignment": False, "member_id": req.member_id, "members": []}
-    if groups is not None:
+    if not ctx.authorized(ResourceType.GROUP, req.group_id):
+        # Kafka's error answer: no member id, generation or leader; nothing joined
+        data.update(error_code=ctx.denial(ResourceType.GROUP), member_id="")
+    elif groups is not None:
         result = await groups.join_group(JoinRequest(
             group_id=req.group_id, member_id=req.member_id,
             group_instance_id=req.group_instance_id if version >= 5 else None,
@@ -116,7 +136,11 @@ async def handle_sync_group(broker: BrokerServices, ctx: RequestContext, body: m
     groups = coordinator_of(broker)
     data: dict[str, Any] = {"throttle_time_ms": 0, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
                             "protocol_type": None, "protocol_name": None, "assignment": b""}
-    if groups is not None:
+    if version >= 5 and (req.protocol_type is None or req.protocol_name is None):
+        data["error_code"] = ErrorCode.INCONSISTENT_GROUP_PROTOCOL  # mandatory from v5, checked first (Kafka)
+    elif not ctx.authorized(ResourceType.GROUP, req.group_id):
+        data["error_code"] = ctx.denial(ResourceType.GROUP)
+    elif groups is not None:
         result = await groups.sync_group(
             req.group_id, req.generation_id, req.member_id, req.group_instance_id if version >= 3 else None,
             req.protocol_type if version >= 5 else None, req.protocol_name if version >= 5 else None,
@@ -131,7 +155,9 @@ async def handle_heartbeat(broker: BrokerServices, ctx: RequestContext, body: me
     req = decode_request(ApiKey.HEARTBEAT, ctx.api_version, body)
     groups = coordinator_of(broker)
     error = ErrorCode.COORDINATOR_NOT_AVAILABLE
-    if groups is not None:
+    if not ctx.authorized(ResourceType.GROUP, req.group_id):
+        error = ctx.denial(ResourceType.GROUP)
+    elif groups is not None:
         error = groups.heartbeat(req.group_id, req.generation_id, req.member_id,
                                  req.group_instance_id if ctx.api_version >= 3 else None)
     return encode_response(ApiKey.HEARTBEAT, ctx.api_version, {"throttle_time_ms": 0, "error_code": error})
@@ -146,7 +172,9 @@ async def handle_leave_group(broker: BrokerServices, ctx: RequestContext, body: 
     else:
         leaving = [LeavingMember(req.member_id)]
     groups = coordinator_of(broker)
-    if groups is None:
+    if not ctx.authorized(ResourceType.GROUP, req.group_id):
+        error, errors = ctx.denial(ResourceType.GROUP), []  # no member leaves, no member answers
+    elif groups is None:
         error, errors = ErrorCode.COORDINATOR_NOT_AVAILABLE, []
     else:
         error, errors = groups.leave_group(req.group_id, leaving)
@@ -163,15 +191,19 @@ async def handle_describe_groups(broker: BrokerServices, ctx: RequestContext, bo
     req = decode_request(ApiKey.DESCRIBE_GROUPS, ctx.api_version, body)
     groups = coordinator_of(broker)
     wants_ops = ctx.api_version >= 3 and req.include_authorized_operations
+    allowed = set(ctx.filter_authorized(ResourceType.GROUP, req.groups))
     described = []
     for group_id in req.groups:
-        if groups is None:
-            entry: dict[str, Any] = {"group_id": group_id, "error_code": ErrorCode.COORDINATOR_NOT_AVAILABLE,
-                                     "group_state": "", "protocol_type": "", "protocol_data": "", "members": []}
+        if group_id not in allowed or groups is None:
+            error = ctx.denial(ResourceType.GROUP) if group_id not in allowed else ErrorCode.COORDINATOR_NOT_AVAILABLE
+            entry: dict[str, Any] = {"group_id": group_id, "error_code": error, "group_state": "",
+                                     "protocol_type": "", "protocol_data": "", "members": []}
         else:
             entry = groups.describe_group(group_id)
             entry.setdefault("error_code", ErrorCode.NONE)
-        entry["authorized_operations"] = GROUP_AUTHORIZED_OPERATIONS if wants_ops else UNKNOWN_AUTHORIZED_OPERATIONS
+        # Kafka fills them in only for the groups described without error (all of them without ACLs)
+        entry["authorized_operations"] = (ctx.authorized_operations(ResourceType.GROUP, group_id)
+                                          if wants_ops and not entry["error_code"] else UNKNOWN_AUTHORIZED_OPERATIONS)
         described.append(entry)
     return encode_response(ApiKey.DESCRIBE_GROUPS, ctx.api_version, {"throttle_time_ms": 0, "groups": described})
 
@@ -187,6 +219,10 @@ async def handle_list_groups(broker: BrokerServices, ctx: RequestContext, body: 
     else:
         states = list(req.states_filter) if ctx.api_version >= 4 and req.states_filter else []
         listed = [dict(g, group_type="classic") for g in groups.list_groups(states)]
+        if not ctx.authorized_cluster():
+            # without Cluster DESCRIBE: only the groups the caller may DESCRIBE, the others as if absent
+            visible = set(ctx.filter_authorized(ResourceType.GROUP, [g["group_id"] for g in listed]))
+            listed = [g for g in listed if g["group_id"] in visible]
         data = {"throttle_time_ms": 0, "error_code": ErrorCode.NONE, "groups": listed}
     return encode_response(ApiKey.LIST_GROUPS, ctx.api_version, data)
 
@@ -195,10 +231,13 @@ async def handle_delete_groups(broker: BrokerServices, ctx: RequestContext, body
     req = decode_request(ApiKey.DELETE_GROUPS, ctx.api_version, body)
     groups = coordinator_of(broker)
     names = list(dict.fromkeys(req.groups_names))
+    allowed = ctx.filter_authorized(ResourceType.GROUP, names)
+    refused = set(names) - set(allowed)
+    results = dict.fromkeys(refused, ctx.denial(ResourceType.GROUP)) if refused else {}
     if groups is None:
-        results = {name: ErrorCode.COORDINATOR_NOT_AVAILABLE for name in names}
-    else:
-        results = await groups.delete_groups(names)
+        results.update((name, ErrorCode.COORDINATOR_NOT_AVAILABLE) for name in allowed)
+    elif allowed:
+        results.update(await groups.delete_groups(allowed))
     data = {"throttle_time_ms": 0,
             "results": [{"group_id": name, "error_code": results[name]} for name in names]}
     return encode_response(ApiKey.DELETE_GROUPS, ctx.api_version, data)

@@ -1,14 +1,24 @@
 """Transaction APIs: AddPartitionsToTxn, AddOffsetsToTxn, EndTxn, TxnOffsetCommit, WriteTxnMarkers,
-DescribeTransactions, ListTransactions. The rules live in coordinator/txn/; this is the wire."""
+DescribeTransactions, ListTransactions. The rules live in coordinator/txn/; this is the wire.
+
+Authorization (security/api_acls.RULES) as Kafka's KafkaApis makes it, before any transaction, offset or marker is
+touched: WRITE on the transactional id for the whole request of a client's AddPartitionsToTxn (< v4),
+AddOffsetsToTxn, EndTxn and TxnOffsetCommit, then READ on the group (AddOffsetsToTxn, TxnOffsetCommit) and the
+topic checks (WRITE per partition to add, READ per offset to commit); Cluster CLUSTER_ACTION for what only brokers
+send (AddPartitionsToTxn v4+, WriteTxnMarkers); DESCRIBE per id for DescribeTransactions and ListTransactions,
+whose answers leave out the topics and ids the caller may not DESCRIBE."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
 from ...coordinator.group.store import OFFSETS_TOPIC
+from ...coordinator.txn.coordinator import TXN_TOPIC
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import AclOperation, ResourceType
+from ...security.api_acls import RULES
 from .common import now_ms
 
 if TYPE_CHECKING:
@@ -16,6 +26,9 @@ if TYPE_CHECKING:
 
 # Markers are written with acks=all, waited for as long as Kafka waits for them (its request.timeout.ms default).
 MARKER_ACK_TIMEOUT_MS = 30000
+# Kafka's Topic.isInternal: AddPartitionsToTxn leaves them out of the topics it authorizes, so a client adding one
+# of their partitions always answers TOPIC_AUTHORIZATION_FAILED.
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_TOPIC, "__share_group_state"})
 
 
 async def handle_add_partitions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
@@ -23,10 +36,22 @@ async def handle_add_partitions(broker: BrokerServices, ctx: RequestContext, bod
     if ctx.api_version >= 4:
         return await _add_partitions_batched(broker, ctx, req)
     wanted = [(t.name, p) for t in req.v3_and_below_topics for p in t.partitions]
-    results = await broker.txn_coordinator.add_partitions(
-        req.v3_and_below_transactional_id, req.v3_and_below_producer_id, req.v3_and_below_producer_epoch,
-        wanted, ctx.api_version,
-    )
+    txn_id = req.v3_and_below_transactional_id
+    if not ctx.authorized(ResourceType.TRANSACTIONAL_ID, txn_id):
+        results = dict.fromkeys(wanted, ctx.denial(ResourceType.TRANSACTIONAL_ID))
+    else:
+        allowed = set(ctx.filter_authorized(ResourceType.TOPIC, [t for t, _ in wanted if t not in INTERNAL_TOPICS]))
+        if any(t not in allowed for t, _ in wanted):
+            # one refused partition fails the whole transaction's request: the refused ones answer why, the rest
+            # are not added (their existence only shows once the caller may write them, as in Kafka)
+            denied = ctx.denial(ResourceType.TOPIC)
+            results = {(t, p): denied if t not in allowed else
+                       ErrorCode.UNKNOWN_TOPIC_OR_PARTITION if broker.partitions.leader_epoch(t, p) < 0 else
+                       ErrorCode.OPERATION_NOT_ATTEMPTED for t, p in wanted}
+        else:
+            results = await broker.txn_coordinator.add_partitions(
+                txn_id, req.v3_and_below_producer_id, req.v3_and_below_producer_epoch, wanted, ctx.api_version,
+            )
     data = {"throttle_time_ms": 0, "results_by_topic_v3_and_below": _by_topic(results)}
     return encode_response(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version, data)
 
@@ -34,6 +59,11 @@ async def handle_add_partitions(broker: BrokerServices, ctx: RequestContext, bod
 async def _add_partitions_batched(broker: BrokerServices, ctx: RequestContext, req: Any) -> bytes:
     """v4+, the inter-broker form: several transactions per request; `verify_only` asks whether the partitions
     are in the producer's ongoing transaction (a partition leader's KIP-890 check) without adding anything."""
+    if not ctx.authorized_cluster():
+        # only brokers send v4+ (Kafka refuses the whole request before looking at any transaction)
+        return encode_response(ApiKey.ADD_PARTITIONS_TO_TXN, ctx.api_version,
+                               {"throttle_time_ms": 0, "error_code": ctx.denial(ResourceType.CLUSTER),
+                                "results_by_transaction": []})
     coordinator = broker.txn_coordinator
     results = []
     for txn in req.transactions:
@@ -59,6 +89,10 @@ def _by_topic(results: dict[tuple[str, int], ErrorCode]) -> list[dict[str, Any]]
 
 async def handle_add_offsets(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.ADD_OFFSETS_TO_TXN, ctx.api_version, body)
+    for resource, name in ((ResourceType.TRANSACTIONAL_ID, req.transactional_id), (ResourceType.GROUP, req.group_id)):
+        if not ctx.authorized(resource, name):
+            return encode_response(ApiKey.ADD_OFFSETS_TO_TXN, ctx.api_version,
+                                   {"throttle_time_ms": 0, "error_code": ctx.denial(resource)})
     groups = broker.group_coordinator
     if groups is not None:
         # In a cluster `__consumer_offsets` is created on first need, as FindCoordinator does; the Java client
@@ -73,22 +107,47 @@ async def handle_add_offsets(broker: BrokerServices, ctx: RequestContext, body: 
 
 async def handle_end_txn(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.END_TXN, ctx.api_version, body)
-    error = await broker.txn_coordinator.end_txn(
-        req.transactional_id, req.producer_id, req.producer_epoch, req.committed, ctx.api_version
-    )
+    if not ctx.authorized(ResourceType.TRANSACTIONAL_ID, req.transactional_id):
+        error = ctx.denial(ResourceType.TRANSACTIONAL_ID)
+    else:
+        error = await broker.txn_coordinator.end_txn(
+            req.transactional_id, req.producer_id, req.producer_epoch, req.committed, ctx.api_version
+        )
     return encode_response(ApiKey.END_TXN, ctx.api_version, {"throttle_time_ms": 0, "error_code": error})
 
 
 async def handle_txn_offset_commit(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.TXN_OFFSET_COMMIT, ctx.api_version, body)
-    error = broker.txn_coordinator.check_txn_offset_commit(
-        req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, ctx.api_version
-    )
     offsets = [
         (t.name, p.partition_index, p.committed_offset, p.committed_metadata,
          getattr(p, "committed_leader_epoch", -1))
         for t in req.topics for p in t.partitions
     ]
+    refusal = ErrorCode.NONE
+    for resource, name in ((ResourceType.TRANSACTIONAL_ID, req.transactional_id), (ResourceType.GROUP, req.group_id)):
+        if not ctx.authorized(resource, name):
+            refusal = ctx.denial(resource)  # every partition answers it; nothing is checked or staged
+            break
+    allowed: set[str] = set()
+    if not refusal:
+        allowed = set(ctx.filter_authorized(ResourceType.TOPIC, [t.name for t in req.topics]))
+    staged = [o for o in offsets if o[0] in allowed]
+    error = ErrorCode.NONE
+    if staged:  # Kafka asks the coordinator only when some offset is left to commit
+        error = await _stage_txn_offsets(broker, req, staged, ctx.api_version)
+    by_topic: dict[str, list[dict[str, Any]]] = {}
+    for topic, partition, *_ in offsets:
+        answer = refusal or (error if topic in allowed else ctx.denial(ResourceType.TOPIC))
+        by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": answer})
+    data = {"throttle_time_ms": 0, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+    return encode_response(ApiKey.TXN_OFFSET_COMMIT, ctx.api_version, data)
+
+
+async def _stage_txn_offsets(broker: BrokerServices, req: Any, offsets: list[Any], version: int) -> ErrorCode:
+    """The offsets the caller may commit, staged in the group's pending transactional offsets, all or none."""
+    error = broker.txn_coordinator.check_txn_offset_commit(
+        req.transactional_id, req.producer_id, req.producer_epoch, req.group_id, version
+    )
     if not error:
         error = await _verify_offsets_write(broker, req)
     if not error:
@@ -102,11 +161,7 @@ async def handle_txn_offset_commit(broker: BrokerServices, ctx: RequestContext, 
                 group_instance_id=getattr(req, "group_instance_id", None),
                 transactional_id=req.transactional_id,
             )
-    by_topic: dict[str, list[dict[str, Any]]] = {}
-    for topic, partition, *_ in offsets:
-        by_topic.setdefault(topic, []).append({"partition_index": partition, "error_code": error})
-    data = {"throttle_time_ms": 0, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
-    return encode_response(ApiKey.TXN_OFFSET_COMMIT, ctx.api_version, data)
+    return error
 
 
 async def _verify_offsets_write(broker: BrokerServices, req: Any) -> ErrorCode:
@@ -125,11 +180,29 @@ async def _verify_offsets_write(broker: BrokerServices, req: Any) -> ErrorCode:
     return ErrorCode.COORDINATOR_LOAD_IN_PROGRESS if error == ErrorCode.NOT_ENOUGH_REPLICAS else error
 
 
+def _may_write_markers(ctx: RequestContext) -> bool:
+    """Kafka asks Cluster ALTER first (an operator's KIP-664 abort of a hanging transaction, its denial unlogged),
+    then CLUSTER_ACTION (a transaction coordinator's markers). ALTER is asked only where the API's row in
+    security/api_acls.RULES has it."""
+    if any(c.resource == ResourceType.CLUSTER and c.operation == AclOperation.ALTER for c in RULES[ctx.api_key]) \
+            and ctx.authorized_cluster(AclOperation.ALTER):
+        return True
+    return ctx.authorized_cluster(AclOperation.CLUSTER_ACTION)
+
+
 async def handle_write_txn_markers(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     """Markers from another broker's transaction coordinator, and admin-driven ones (KIP-664 abort of a hanging
     transaction): written to the partitions this broker leads, with acks=all. A marker also voids what a remote
     coordinator confirmed for that producer and partition before (`txn_verification`)."""
     req = decode_request(ApiKey.WRITE_TXN_MARKERS, ctx.api_version, body)
+    if not _may_write_markers(ctx):
+        # Kafka's error answer: every partition CLUSTER_AUTHORIZATION_FAILED; nothing is written or forgotten
+        denied = ctx.denial(ResourceType.CLUSTER, AclOperation.CLUSTER_ACTION)
+        return encode_response(ApiKey.WRITE_TXN_MARKERS, ctx.api_version, {"markers": [
+            {"producer_id": m.producer_id, "topics": [
+                {"name": t.name, "partitions": [{"partition_index": i, "error_code": denied}
+                                                for i in t.partition_indexes]} for t in m.topics]}
+            for m in req.markers]})
     markers = []
     waits = []
     now = now_ms()
@@ -173,7 +246,21 @@ async def handle_write_txn_markers(broker: BrokerServices, ctx: RequestContext, 
 
 async def handle_describe_transactions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_TRANSACTIONS, ctx.api_version, body)
-    states = [broker.txn_coordinator.describe(txn_id) for txn_id in req.transactional_ids]
+    allowed = set(ctx.filter_authorized(ResourceType.TRANSACTIONAL_ID, req.transactional_ids))
+    states = []
+    for txn_id in req.transactional_ids:
+        if txn_id in allowed:
+            state = broker.txn_coordinator.describe(txn_id)
+        else:
+            # Kafka's answer: the error, the id, and every other field left at its default
+            state = {"error_code": ctx.denial(ResourceType.TRANSACTIONAL_ID), "transactional_id": txn_id,
+                     "transaction_state": "", "transaction_timeout_ms": 0, "transaction_start_time_ms": 0,
+                     "producer_id": 0, "producer_epoch": 0, "topics": []}
+        if state["topics"]:
+            # only the partitions of topics the caller may DESCRIBE
+            visible = set(ctx.filter_authorized(ResourceType.TOPIC, [t["topic"] for t in state["topics"]]))
+            state["topics"] = [t for t in state["topics"] if t["topic"] in visible]
+        states.append(state)
     return encode_response(
         ApiKey.DESCRIBE_TRANSACTIONS, ctx.api_version, {"throttle_time_ms": 0, "transaction_states": states}
     )
@@ -188,6 +275,10 @@ async def handle_list_transactions(broker: BrokerServices, ctx: RequestContext, 
     error = ErrorCode.NONE
     if broker.txn_coordinator.loading:
         error, states = ErrorCode.COORDINATOR_LOAD_IN_PROGRESS, []  # Kafka's answer while a partition loads
+    elif states:
+        # only the ids the caller may DESCRIBE, the others as if absent
+        visible = set(ctx.filter_authorized(ResourceType.TRANSACTIONAL_ID, [s["transactional_id"] for s in states]))
+        states = [s for s in states if s["transactional_id"] in visible]
     data = {"throttle_time_ms": 0, "error_code": error, "unknown_state_filters": unknown,
             "transaction_states": states}
     return encode_response(ApiKey.LIST_TRANSACTIONS, ctx.api_version, data)
