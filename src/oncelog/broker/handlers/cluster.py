@@ -5,7 +5,12 @@ metadata image). DescribeLogDirs lists the partitions with a replica in this bro
 the replicas the image assigns here, followers included). A broker has that one log directory, so
 AlterReplicaLogDirs has nothing to move: a replica asked into the directory it is already in is answered NONE (as
 Kafka answers a move to the current directory), which is what kafka-reassign-partitions sends for a plan whose
-"log_dirs" name real directories."""
+"log_dirs" name real directories.
+
+Authorization as Kafka's: DescribeCluster needs nothing (DESCRIBE on the cluster only decides whether
+cluster_authorized_operations, when asked for, lists the allowed cluster operations or none); DescribeLogDirs needs
+DESCRIBE on the cluster (else no directories, and CLUSTER_AUTHORIZATION_FAILED from v3, which has the field);
+AlterReplicaLogDirs needs ALTER on the cluster (else every partition CLUSTER_AUTHORIZATION_FAILED)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from typing import TYPE_CHECKING
 from ...errors import ErrorCode
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import ResourceType
+from ...security.api_acls import CLUSTER_NAME
 from .common import UNKNOWN_AUTHORIZED_OPERATIONS
 
 if TYPE_CHECKING:
@@ -42,6 +49,10 @@ async def handle_describe_cluster(broker: BrokerServices, ctx: RequestContext, b
         data["error_code"] = ErrorCode.UNSUPPORTED_ENDPOINT_TYPE
         data["error_message"] = "Only broker endpoints are served"
         data["brokers"] = []
+    elif req.include_cluster_authorized_operations:
+        # AuthHelper.computeDescribeClusterResponse: the allowed cluster operations with DESCRIBE on it, else none
+        data["authorized_operations"] = (ctx.authorized_operations(ResourceType.CLUSTER, CLUSTER_NAME)
+                                         if ctx.authorized_cluster() else set())
     return encode_response(ApiKey.DESCRIBE_CLUSTER, ctx.api_version, data)
 
 
@@ -53,6 +64,9 @@ def log_dir_name(broker: BrokerServices) -> str:
 
 async def handle_describe_log_dirs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_LOG_DIRS, ctx.api_version, body)
+    if not ctx.authorized_cluster():
+        data = {"throttle_time_ms": 0, "error_code": ctx.denial(ResourceType.CLUSTER), "results": []}
+        return encode_response(ApiKey.DESCRIBE_LOG_DIRS, ctx.api_version, data)
     wanted = None
     if req.topics is not None:
         wanted = {(t.topic, p) for t in req.topics for p in t.partitions}
@@ -83,6 +97,14 @@ async def handle_alter_replica_log_dirs(broker: BrokerServices, ctx: RequestCont
     partition. A partition named under two paths is answered for the last, as Kafka keys the request by
     partition."""
     req = decode_request(ApiKey.ALTER_REPLICA_LOG_DIRS, ctx.api_version, body)
+    if not ctx.authorized_cluster():
+        # AlterReplicaLogDirsRequest.getErrorResponse: each partition as the request lists it, path by path
+        denied = ctx.denial(ResourceType.CLUSTER)
+        data = {"throttle_time_ms": 0, "results": [
+            {"topic_name": topic.name, "partitions": [{"partition_index": index, "error_code": denied}
+                                                      for index in topic.partitions]}
+            for entry in req.dirs for topic in entry.topics]}
+        return encode_response(ApiKey.ALTER_REPLICA_LOG_DIRS, ctx.api_version, data)
     here = log_dir_name(broker)
     wanted: dict[tuple[str, int], str] = {}
     for entry in req.dirs:

@@ -13,6 +13,14 @@ unthrottled; deleting one is the no-op above.
 In cluster mode topic configs live on ZooKeeper: DescribeConfigs reads them from this broker's metadata image,
 IncrementalAlterConfigs is carried out by the controller (controller_requests.py), which computes the new
 override set from its image and writes it with a compare-and-set; every broker applies it by watch.
+
+Authorization is per resource, as Kafka's (ConfigHelper.handleDescribeConfigsRequest, and for
+IncrementalAlterConfigs the broker's preprocessing plus ControllerApis.authorizeAlterResource): DESCRIBE_CONFIGS /
+ALTER_CONFIGS on the topic (TOPIC_AUTHORIZATION_FAILED, whether or not it exists) or on the cluster for broker and
+broker-logger resources (CLUSTER_AUTHORIZATION_FAILED); a refused resource is neither described nor changed. Kafka's
+order for an alteration: a broker-logger resource is authorized first; a broker resource's name and changes are
+validated by the broker before the controller authorizes it; a topic is authorized before anything about it is
+looked at.
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ from ...config import (
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import ResourceType
 from . import controller_requests
 
 if TYPE_CHECKING:
@@ -107,17 +116,33 @@ def _describe_broker(broker: BrokerServices, keys: list[str] | None, docs: bool)
     return entries
 
 
+def _config_denial(ctx: RequestContext, resource_type: int, name: str) -> ErrorCode | None:
+    """The error for a config resource the caller may not describe or alter (this API's operation, from the table),
+    None when it may; resource types without a check (unsupported ones) are None and answered as such."""
+    if resource_type == RESOURCE_TOPIC:
+        allowed, resource = ctx.authorized(ResourceType.TOPIC, name), ResourceType.TOPIC
+    elif resource_type in (RESOURCE_BROKER, RESOURCE_BROKER_LOGGER):
+        allowed, resource = ctx.authorized_cluster(), ResourceType.CLUSTER
+    else:
+        return None
+    return None if allowed else ctx.denial(resource)
+
+
 async def handle_describe_configs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_CONFIGS, ctx.api_version, body)
     docs = bool(getattr(req, "include_documentation", False))
+    # every resource is authorized before any is described, as Kafka's ConfigHelper does
+    denials = [_config_denial(ctx, res.resource_type, res.resource_name) for res in req.resources]
     results = []
-    for res in req.resources:
+    for res, denied in zip(req.resources, denials, strict=True):
         out: dict[str, Any] = {
             "error_code": 0, "error_message": None, "resource_type": res.resource_type,
             "resource_name": res.resource_name, "configs": [],
         }
         keys = list(res.configuration_keys) if res.configuration_keys is not None else None
-        if res.resource_type == RESOURCE_TOPIC:
+        if denied is not None:
+            out["error_code"], out["error_message"] = denied, denied.message
+        elif res.resource_type == RESOURCE_TOPIC:
             config = _topic_config(broker, res.resource_name)
             if config is None:
                 out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
@@ -205,6 +230,17 @@ def _alter_broker(res: Any, known: set[str]) -> None:
         raise KafkaError(ErrorCode.INVALID_REQUEST, STATIC_BROKER)
 
 
+def _authorize_alteration(ctx: RequestContext, res: Any, brokers: set[str]) -> None:
+    """Raise the KafkaError to answer when `res` may not be altered, in Kafka's order: a broker resource is
+    validated first (the broker's preprocessing, before the controller authorizes), anything else is authorized
+    first."""
+    if res.resource_type == RESOURCE_BROKER:
+        _alter_broker(res, brokers)
+    denied = _config_denial(ctx, res.resource_type, res.resource_name)
+    if denied is not None:
+        raise KafkaError(denied, denied.message)
+
+
 async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.INCREMENTAL_ALTER_CONFIGS, ctx.api_version, body)
     if controller_requests.in_cluster(broker):
@@ -214,8 +250,9 @@ async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestC
         out = {"error_code": 0, "error_message": None, "resource_type": res.resource_type,
                "resource_name": res.resource_name}
         try:
+            _authorize_alteration(ctx, res, {"", str(broker.node_id)})
             if res.resource_type == RESOURCE_BROKER:
-                _alter_broker(res, {"", str(broker.node_id)})
+                pass  # validated, and there is nothing to change
             elif res.resource_type != RESOURCE_TOPIC:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, f"Resource type {res.resource_type} is not supported")
             elif (meta := broker.logs.topics.get(res.resource_name)) is None:
@@ -245,8 +282,8 @@ async def _alter_in_cluster(broker: BrokerServices, ctx: RequestContext, body: m
                    "resource_name": res.resource_name}
             responses.append(out)
             try:
+                _authorize_alteration(ctx, res, {"", *map(str, image.brokers)})
                 if res.resource_type == RESOURCE_BROKER:
-                    _alter_broker(res, {"", *map(str, image.brokers)})
                     continue
                 if res.resource_type != RESOURCE_TOPIC:
                     raise KafkaError(ErrorCode.INVALID_REQUEST, f"Resource type {res.resource_type} is not supported")

@@ -12,6 +12,9 @@ log (seed 000). Differences from Kafka's use, all on a request only oncelog brok
 - The state is sent whole (Position 0, Size = the bytes sent; a few hundred bytes per producer), whatever
   MaxBytes says; a Position other than 0 is POSITION_OUT_OF_RANGE.
 - Each partition is answered once L is committed (the replica manager's rule); partitions wait concurrently.
+
+CLUSTER_ACTION on the cluster is needed, as for Kafka's FetchSnapshot: without it the answer is the top-level
+CLUSTER_AUTHORIZATION_FAILED and no partition (FetchSnapshotRequest.getErrorResponse), and no state is taken.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import ResourceType
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -55,6 +59,9 @@ async def _partition(broker: BrokerServices, replica_id: int, topic: str, p: Any
 
 async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.FETCH_SNAPSHOT, ctx.api_version, body)
+    if not ctx.authorized_cluster():
+        return encode_response(ApiKey.FETCH_SNAPSHOT, ctx.api_version, {
+            "throttle_time_ms": 0, "error_code": ctx.denial(ResourceType.CLUSTER), "topics": []})
     names = [t.name for t in req.topics for _ in t.partitions]
     answers = await asyncio.gather(*(_partition(broker, req.replica_id, t.name, p)
                                      for t in req.topics for p in t.partitions))

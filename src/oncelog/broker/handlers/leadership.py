@@ -9,6 +9,11 @@ against both: every partition is already led by its preferred (only) replica (EL
 every partition lists none), a reassignment onto this broker is already complete, one onto any other broker names
 the broker that is not registered, cancelling answers NO_REASSIGNMENT_IN_PROGRESS, and none is ever ongoing.
 ControlledShutdown is served only to other brokers (never advertised) and only by the controller.
+
+Authorization before anything else, as Kafka's (authorizeClusterOperation, the request's getErrorResponse):
+ElectLeaders and AlterPartitionReassignments need ALTER on the cluster, ListPartitionReassignments DESCRIBE,
+ControlledShutdown CLUSTER_ACTION; refused, every partition named and the top-level error (where the version has
+one) are CLUSTER_AUTHORIZATION_FAILED.
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ErrorCode
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import ResourceType
+from ...security.api_acls import request_name
 from . import controller_requests
 
 if TYPE_CHECKING:
@@ -25,6 +32,8 @@ if TYPE_CHECKING:
 
 PREFERRED, UNCLEAN = 0, 1
 UNKNOWN_PARTITION = "This server does not host this topic-partition."
+# Kafka's message is "Request <the request> is not authorized."; the request's description is its own
+_NOT_AUTHORIZED = "Request {} is not authorized."
 NOT_NEEDED = "Leader election not needed for topic partition."
 
 
@@ -34,6 +43,10 @@ def _partition_exists(broker: BrokerServices, topic: str, index: int) -> bool:
         return cluster.image.assignment(topic, index) is not None
     meta = broker.logs.topics.get(topic)
     return meta is not None and 0 <= index < meta.partitions
+
+
+def _denied_message(ctx: RequestContext) -> str:
+    return _NOT_AUTHORIZED.format(request_name(ctx.api_key))
 
 
 # -- ElectLeaders -----------------------------------------------------------------------------------------------
@@ -54,6 +67,10 @@ async def handle_elect_leaders(broker: BrokerServices, ctx: RequestContext, body
     election_type = req.election_type if ctx.api_version >= 1 else PREFERRED
     wanted = None if req.topic_partitions is None else [
         (t.topic, p) for t in req.topic_partitions for p in t.partitions]
+    if not ctx.authorized_cluster():
+        denied = (ctx.denial(ResourceType.CLUSTER), _denied_message(ctx))
+        return encode_response(ApiKey.ELECT_LEADERS, ctx.api_version,
+                               _election_response(ctx.api_version, dict.fromkeys(wanted or [], denied), denied[0]))
     if election_type not in (PREFERRED, UNCLEAN):
         results = {k: (ErrorCode.INVALID_REQUEST, f"Unknown election type {election_type}") for k in wanted or []}
         return encode_response(ApiKey.ELECT_LEADERS, ctx.api_version,
@@ -116,6 +133,10 @@ async def handle_alter_partition_reassignments(broker: BrokerServices, ctx: Requ
     allow_rf_change = req.allow_replication_factor_change if ctx.api_version >= 1 else True
     targets = {(t.name, p.partition_index): None if p.replicas is None else list(p.replicas)
                for t in req.topics for p in t.partitions}
+    if not ctx.authorized_cluster():
+        code, message = ctx.denial(ResourceType.CLUSTER), _denied_message(ctx)
+        return encode_response(ApiKey.ALTER_PARTITION_REASSIGNMENTS, ctx.api_version, _reassignment_response(
+            dict.fromkeys(targets, (code, message)), code, message))
     cluster = getattr(broker, "cluster", None)
 
     def refused(key: tuple[str, int], target: list[int] | None) -> tuple[int, str] | None:
@@ -183,6 +204,14 @@ async def handle_alter_partition_reassignments(broker: BrokerServices, ctx: Requ
 async def handle_list_partition_reassignments(broker: BrokerServices, ctx: RequestContext,
                                               body: memoryview) -> bytes:
     req = decode_request(ApiKey.LIST_PARTITION_REASSIGNMENTS, ctx.api_version, body)
+    if not ctx.authorized_cluster():
+        # ListPartitionReassignmentsRequest.getErrorResponse: the partitions asked about, with nothing in them
+        data = {"throttle_time_ms": 0, "error_code": ctx.denial(ResourceType.CLUSTER),
+                "error_message": _denied_message(ctx),
+                "topics": [{"name": t.name, "partitions": [
+                    {"partition_index": p, "replicas": [], "adding_replicas": [], "removing_replicas": []}
+                    for p in t.partition_indexes]} for t in req.topics or []]}
+        return encode_response(ApiKey.LIST_PARTITION_REASSIGNMENTS, ctx.api_version, data)
     cluster = getattr(broker, "cluster", None)
     topics: dict[str, list[dict[str, Any]]] = {}
     if cluster is not None:
@@ -203,7 +232,9 @@ async def handle_controlled_shutdown(broker: BrokerServices, ctx: RequestContext
     req = decode_request(ApiKey.CONTROLLED_SHUTDOWN, ctx.api_version, body)
     cluster = getattr(broker, "cluster", None)
     code, remaining = ErrorCode.NOT_CONTROLLER, []
-    if cluster is not None and cluster.controller is not None:
+    if not ctx.authorized_cluster():
+        code = ctx.denial(ResourceType.CLUSTER)
+    elif cluster is not None and cluster.controller is not None:
         result = await cluster.controller.controlled_shutdown(req.broker_id, req.broker_epoch)
         code, remaining = result.code, result.remaining
     data = {"error_code": code, "remaining_partitions": [{"topic_name": t, "partition_index": p}

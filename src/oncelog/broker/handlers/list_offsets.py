@@ -1,4 +1,7 @@
-"""ListOffsets: earliest, latest (high watermark or last stable offset), by timestamp, max timestamp."""
+"""ListOffsets: earliest, latest (high watermark or last stable offset), by timestamp, max timestamp.
+
+DESCRIBE on the topic is needed (Kafka's handleListOffsetRequest, whoever asks, followers included): each partition
+of a topic the caller may not describe answers TOPIC_AUTHORIZATION_FAILED, whether or not the topic exists."""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ErrorCode
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import ResourceType
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -54,15 +58,22 @@ def lookup(broker: BrokerServices, topic: str, partition: int, timestamp: int, i
     return out
 
 
+def _denied(partition: int) -> dict[str, Any]:
+    return {"partition_index": partition, "error_code": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "timestamp": -1,
+            "offset": -1, "leader_epoch": -1}
+
+
 async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.LIST_OFFSETS, ctx.api_version, body)
     isolation = req.isolation_level if ctx.api_version >= 2 else 0
     from_client = req.replica_id == -1  # Kafka's consumer replica id; a follower or debug tool sees the log end
+    describable = set(ctx.filter_authorized(ResourceType.TOPIC, [t.name for t in req.topics]))
     topics = [
         {
             "name": t.name,
             "partitions": [lookup(broker, t.name, p.partition_index, p.timestamp, isolation, from_client,
                                   p.current_leader_epoch if ctx.api_version >= 4 else -1)
+                           if t.name in describable else _denied(p.partition_index)
                            for p in t.partitions],
         }
         for t in req.topics

@@ -1,4 +1,7 @@
-"""DeleteRecords: move a partition's log start offset forward."""
+"""DeleteRecords: move a partition's log start offset forward.
+
+DELETE on the topic is needed (Kafka's handleDeleteRecordsRequest): each partition of a topic the caller may not
+delete answers TOPIC_AUTHORIZATION_FAILED, whether or not the topic exists, and nothing of it moves."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import ResourceType
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -22,11 +26,16 @@ async def handle_delete_records(broker: BrokerServices, ctx: RequestContext, bod
     topics = []
     moved = False
     done: list[tuple[dict, Any, int]] = []  # (answer, partition, offset deleted before)
+    deletable = set(ctx.filter_authorized(ResourceType.TOPIC, [t.name for t in req.topics]))
     for t in req.topics:
         parts = []
         meta = broker.logs.topics.get(t.name)
         for p in t.partitions:
             out = {"partition_index": p.partition_index, "low_watermark": -1, "error_code": 0}
+            if t.name not in deletable:
+                out["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+                parts.append(out)
+                continue
             part = access.leader(t.name, p.partition_index) if meta is not None else \
                 ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
             try:

@@ -3,6 +3,11 @@
 
 The client salts: an upsertion carries the salt, the iteration count and SaltedPassword, from which the broker
 keeps StoredKey and ServerKey (security/credentials.py). Validation and error codes are Kafka's.
+
+Describing needs DESCRIBE on the cluster, altering ALTER on it, checked first, as Kafka's: refused, a description
+answers the top-level CLUSTER_AUTHORIZATION_FAILED (and one result with it per user asked about, without the name,
+as DescribeUserScramCredentialsRequest.getErrorResponse), an alteration answers it for every user named (sorted,
+once each) and changes nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 from ...errors import ErrorCode
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import ResourceType
+from ...security.api_acls import request_name
 from ...security.credentials import (
     MAX_ITERATIONS,
     MECHANISM_CODES,
@@ -27,6 +34,12 @@ if TYPE_CHECKING:
 
 async def handle_describe(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ctx.api_version, body)
+    if not ctx.authorized_cluster():
+        code = ctx.denial(ResourceType.CLUSTER)
+        message = code.message
+        data = {"throttle_time_ms": 0, "error_code": code, "error_message": message,
+                "results": [_user("", code, message) for _ in req.users or []]}
+        return encode_response(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ctx.api_version, data)
     known = broker.security.credentials.describe()
     results: list[dict[str, Any]] = []
     if not req.users:
@@ -59,6 +72,12 @@ def _user(name: str, error: int, message: str | None) -> dict[str, Any]:
 
 async def handle_alter(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, ctx.api_version, body)
+    if not ctx.authorized_cluster():
+        code, message = ctx.denial(ResourceType.CLUSTER), f"Request {request_name(ctx.api_key)} is not authorized."
+        users = sorted({e.name for e in [*req.deletions, *req.upsertions]})
+        data = {"throttle_time_ms": 0,
+                "results": [{"user": name, "error_code": code, "error_message": message} for name in users]}
+        return encode_response(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, ctx.api_version, data)
     store = broker.security.credentials
     entries = [("delete", d) for d in req.deletions] + [("upsert", u) for u in req.upsertions]
     counts = Counter((e.name, e.mechanism) for _, e in entries)

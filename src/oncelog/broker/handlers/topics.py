@@ -3,6 +3,13 @@
 On the single node the broker's LogManager carries them out. In cluster mode the controller does
 (controller_requests.py): replicas placed over the live brokers or as assigned, replication factors checked against
 them, and the answer given once this broker's metadata image shows the change.
+
+Authorization is Kafka 4's (ControllerApis.createTopics / deleteTopics / createPartitions), decided before anything
+is validated against the topics or changed: CreateTopics needs CREATE on the cluster or on each topic, and shows a
+created topic's configs (and partition count and replication factor) only with DESCRIBE_CONFIGS on it
+(topic_config_error_code TOPIC_AUTHORIZATION_FAILED otherwise); DeleteTopics needs DESCRIBE and DELETE on each
+topic, a topic named by id whose name the caller may not DESCRIBE is answered without its name; CreatePartitions
+needs ALTER on each topic. A refused topic is TOPIC_AUTHORIZATION_FAILED whether or not it exists.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ from ...config import ConfigError, parse_topic_overrides, topic_name_problem
 from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
+from ...security.acls import AclOperation, ResourceType
 from . import controller_requests
 from .common import find_topic_by_id, topic_uuid
 from .configs import describe_topic_entries
@@ -39,7 +47,8 @@ def _validate_new_topic(broker: BrokerServices, name: str, partitions: int) -> N
         raise KafkaError(ErrorCode.INVALID_PARTITIONS, "Number of partitions must be at least 1")
 
 
-def _create_one(broker: BrokerServices, item: Any, validate_only: bool, version: int) -> dict[str, Any]:
+def _create_one(broker: BrokerServices, item: Any, validate_only: bool, version: int,
+                show_configs: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": item.name, "topic_id": topic_uuid(None), "error_code": 0, "error_message": None,
         "num_partitions": -1, "replication_factor": -1, "configs": [],
@@ -67,6 +76,9 @@ def _create_one(broker: BrokerServices, item: Any, validate_only: bool, version:
             config = meta.config
             out["topic_id"] = topic_uuid(meta.topic_id)
             log.info("created topic %s with %d partitions %s", item.name, partitions, overrides or "")
+        if not show_configs:
+            out["topic_config_error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+            return out
         out["num_partitions"] = partitions
         out["replication_factor"] = 1
         if version >= 5:
@@ -90,15 +102,36 @@ def _created_entry(name: str, code: int, message: str | None) -> dict[str, Any]:
             "num_partitions": -1, "replication_factor": -1, "configs": []}
 
 
+def _creation_rights(ctx: RequestContext, req: Any) -> tuple[set[str], set[str]]:
+    """(the topics the caller may not create, those whose configs it may see), as ControllerApis.createTopics
+    decides them: over the names the request has once (a repeated name is INVALID_REQUEST, unchecked); CREATE on
+    the cluster covers every topic, else CREATE on each; DESCRIBE_CONFIGS on each for the configs."""
+    counts: dict[str, int] = {}
+    for item in req.topics:
+        counts[item.name] = counts.get(item.name, 0) + 1
+    names = [name for name, count in counts.items() if count == 1]
+    if ctx.authorized_cluster(AclOperation.CREATE):
+        creatable = set(names)
+    else:
+        creatable = set(ctx.filter_authorized(ResourceType.TOPIC, names, AclOperation.CREATE))
+    describable = set(ctx.filter_authorized(ResourceType.TOPIC, names, AclOperation.DESCRIBE_CONFIGS))
+    return {name for name in names if name not in creatable}, describable
+
+
+_CREATE_DENIED = "Authorization failed."
+
+
 async def handle_create_topics(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.CREATE_TOPICS, ctx.api_version, body)
+    denied, describable = _creation_rights(ctx, req)
     if controller_requests.in_cluster(broker):
-        return await _create_topics_in_cluster(broker, ctx, body, req)
+        return await _create_topics_in_cluster(broker, ctx, body, req, denied, describable)
     seen: dict[str, int] = {}
     for item in req.topics:
         seen[item.name] = seen.get(item.name, 0) + 1
+    # Kafka's controller bounds what it is asked to create: the refused topics are not part of it.
     requested = sum(max(item.num_partitions if item.num_partitions != -1 else broker.config["num.partitions"], 0)
-                    for item in req.topics)
+                    for item in req.topics if item.name not in denied)
     results = []
     for item in req.topics:
         if requested > MAX_PARTITIONS_PER_REQUEST:
@@ -114,23 +147,30 @@ async def handle_create_topics(broker: BrokerServices, ctx: RequestContext, body
                 "replication_factor": -1, "configs": [],
             })
             continue
-        results.append(_create_one(broker, item, req.validate_only, ctx.api_version))
+        if item.name in denied:
+            results.append(_created_entry(item.name, ErrorCode.TOPIC_AUTHORIZATION_FAILED, _CREATE_DENIED))
+            continue
+        results.append(_create_one(broker, item, req.validate_only, ctx.api_version, item.name in describable))
     return encode_response(ApiKey.CREATE_TOPICS, ctx.api_version, {"throttle_time_ms": 0, "topics": results})
 
 
-async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview, req: Any) -> bytes:
+async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview, req: Any,
+                                   denied: set[str], describable: set[str]) -> bytes:
     from ...cluster.inter_broker import is_forwarded
     from ...cluster.topic_plans import NewTopic
     from ..coordinator_leadership import INTERNAL_TOPICS
 
     cluster = broker.cluster
-    too_many = sum(max(_requested_partitions(broker, item), 0) for item in req.topics) > MAX_PARTITIONS_PER_REQUEST
+    too_many = sum(max(_requested_partitions(broker, item), 0) for item in req.topics
+                   if item.name not in denied) > MAX_PARTITIONS_PER_REQUEST
 
     internal_ok = is_forwarded(ctx.client_id)  # a broker creating an internal topic on first need
 
     def refused(item: Any) -> tuple[int, str] | None:
         if too_many:
             return ErrorCode.POLICY_VIOLATION, _TOO_MANY
+        if item.name in denied:
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED, _CREATE_DENIED
         if item.name.startswith("__") and not (internal_ok and item.name in INTERNAL_TOPICS):
             return ErrorCode.INVALID_TOPIC_EXCEPTION, "Names starting with '__' are reserved for internal topics"
         return None
@@ -150,7 +190,10 @@ async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext,
                 continue
             result = results[item.name]
             entry = _created_entry(item.name, result.code, result.message)
-            if result.code == ErrorCode.NONE:
+            if result.code == ErrorCode.NONE and item.name not in describable:
+                entry.update(topic_id=topic_uuid(result.topic_id),
+                             topic_config_error_code=ErrorCode.TOPIC_AUTHORIZATION_FAILED)
+            elif result.code == ErrorCode.NONE:
                 entry.update(topic_id=topic_uuid(result.topic_id), num_partitions=result.num_partitions,
                              replication_factor=result.replication_factor)
                 if ctx.api_version >= 5:
@@ -178,6 +221,40 @@ async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext,
     return await controller_requests.answer(broker, ctx, body, req.timeout_ms, run_here, settled, failed)
 
 
+def _deletion_rights(ctx: RequestContext, names: list[str]) -> tuple[set[str], set[str]]:
+    """(describable, deletable) among `names`, ControllerApis.deleteTopics' two filters in its order: DESCRIBE, then
+    DELETE, each name once."""
+    distinct = list(dict.fromkeys(names))
+    describable = set(ctx.filter_authorized(ResourceType.TOPIC, distinct, AclOperation.DESCRIBE))
+    deletable = set(ctx.filter_authorized(ResourceType.TOPIC, distinct, AclOperation.DELETE))
+    return describable, deletable
+
+
+def _refuse_deletion(out: dict[str, Any], by_id: bool, exists: bool, describable: set[str],
+                     deletable: set[str]) -> bool:
+    """Answer `out` as Kafka's controller does when the caller may not delete its topic (or may not learn whether a
+    named topic exists); True if it did. A topic named by id the caller may not DESCRIBE is answered without its
+    name (the id is not secret); one named by name: TOPIC_AUTHORIZATION_FAILED without DESCRIBE, then
+    UNKNOWN_TOPIC_OR_PARTITION if it does not exist, then TOPIC_AUTHORIZATION_FAILED without DELETE."""
+    name = out["name"]
+    denied = ErrorCode.TOPIC_AUTHORIZATION_FAILED
+    if by_id:
+        if name in deletable:
+            return False
+        if name not in describable:
+            out["name"] = None
+        out["error_code"], out["error_message"] = denied, denied.message
+    elif name not in describable:
+        out["error_code"], out["error_message"] = denied, denied.message
+    elif not exists:
+        out["error_code"] = ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+    elif name not in deletable:
+        out["error_code"], out["error_message"] = denied, denied.message
+    else:
+        return False
+    return True
+
+
 async def handle_delete_topics(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DELETE_TOPICS, ctx.api_version, body)
     if ctx.api_version >= 6:
@@ -186,18 +263,30 @@ async def handle_delete_topics(broker: BrokerServices, ctx: RequestContext, body
         targets = [(name, None) for name in req.topic_names]
     if controller_requests.in_cluster(broker):
         return await _delete_topics_in_cluster(broker, ctx, body, req, targets)
+    if not broker.config["delete.topic.enable"]:
+        # Kafka refuses the whole request before resolving ids or authorizing anything
+        code = ErrorCode.TOPIC_DELETION_DISABLED if ctx.api_version >= 3 else ErrorCode.INVALID_REQUEST
+        return encode_response(ApiKey.DELETE_TOPICS, ctx.api_version, {"throttle_time_ms": 0, "responses": [
+            {"name": name, "topic_id": topic_id or topic_uuid(None), "error_code": code,
+             "error_message": "Topic deletion is disabled."} for name, topic_id in targets]})
     responses = []
+    resolved: list[tuple[dict[str, Any], bool]] = []  # (answer, named by id)
     for name, topic_id in targets:
         out = {"name": name, "topic_id": topic_id or topic_uuid(None), "error_code": 0, "error_message": None}
+        responses.append(out)
+        if name is None:
+            out["name"] = find_topic_by_id(broker, topic_id)
+            if out["name"] is None:
+                out["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
+                continue
+        resolved.append((out, name is None))
+    describable, deletable = _deletion_rights(ctx, [out["name"] for out, _ in resolved])
+    for out, by_id in resolved:
+        name = out["name"]
+        meta = broker.logs.topics.get(name)
+        if _refuse_deletion(out, by_id, meta is not None, describable, deletable):
+            continue
         try:
-            if name is None:
-                name = find_topic_by_id(broker, topic_id)
-                if name is None:
-                    raise KafkaError(ErrorCode.UNKNOWN_TOPIC_ID)
-                out["name"] = name
-            if not broker.config["delete.topic.enable"]:
-                raise KafkaError(ErrorCode.TOPIC_DELETION_DISABLED)
-            meta = broker.logs.topics.get(name)
             if meta is not None and meta.internal:
                 raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, "Internal topics cannot be deleted")
             if meta is not None:
@@ -206,7 +295,6 @@ async def handle_delete_topics(broker: BrokerServices, ctx: RequestContext, body
             log.info("deleted topic %s", name)
         except KafkaError as exc:
             out["error_code"], out["error_message"] = exc.code, exc.message
-        responses.append(out)
     broker.watchers.notify_all()  # long-polls on deleted partitions answer now
     return encode_response(ApiKey.DELETE_TOPICS, ctx.api_version, {"throttle_time_ms": 0, "responses": responses})
 
@@ -222,6 +310,7 @@ async def _delete_topics_in_cluster(broker: BrokerServices, ctx: RequestContext,
 
     async def run_here() -> dict[str, Any]:
         responses, names = [], []
+        resolved: list[tuple[dict[str, Any], bool]] = []  # (answer, named by id)
         for name, topic_id in targets:
             out = {"name": name, "topic_id": topic_id or topic_uuid(None), "error_code": 0, "error_message": None}
             responses.append(out)
@@ -230,6 +319,11 @@ async def _delete_topics_in_cluster(broker: BrokerServices, ctx: RequestContext,
                 if out["name"] is None:
                     out["error_code"] = ErrorCode.UNKNOWN_TOPIC_ID
                     continue
+            resolved.append((out, name is None))
+        describable, deletable = _deletion_rights(ctx, [out["name"] for out, _ in resolved])
+        for out, by_id in resolved:
+            if _refuse_deletion(out, by_id, out["name"] in image.topics, describable, deletable):
+                continue
             if out["name"].startswith("__"):
                 out["error_code"], out["error_message"] = (ErrorCode.INVALID_TOPIC_EXCEPTION,
                                                            "Internal topics cannot be deleted")
@@ -268,18 +362,25 @@ async def _delete_topics_in_cluster(broker: BrokerServices, ctx: RequestContext,
 
 async def handle_create_partitions(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.CREATE_PARTITIONS, ctx.api_version, body)
+    names = list(dict.fromkeys(item.name for item in req.topics))
+    alterable = set(ctx.filter_authorized(ResourceType.TOPIC, names))
     if controller_requests.in_cluster(broker):
-        return await _create_partitions_in_cluster(broker, ctx, body, req)
+        return await _create_partitions_in_cluster(broker, ctx, body, req, alterable)
     added = 0
     for item in req.topics:
-        meta = broker.logs.topics.get(item.name)
-        added += max(item.count - (meta.partitions if meta is not None else 0), 0)
+        if item.name in alterable:  # the refused topics are not part of what Kafka's controller is asked
+            meta = broker.logs.topics.get(item.name)
+            added += max(item.count - (meta.partitions if meta is not None else 0), 0)
     results = []
     for item in req.topics:
         out = {"name": item.name, "error_code": 0, "error_message": None}
         try:
             if added > MAX_PARTITIONS_PER_REQUEST:
                 raise KafkaError(ErrorCode.POLICY_VIOLATION, _TOO_MANY)
+            if item.name not in alterable:
+                out["error_code"] = ErrorCode.TOPIC_AUTHORIZATION_FAILED  # Kafka sets no message
+                results.append(out)
+                continue
             if item.assignments:
                 raise KafkaError(ErrorCode.INVALID_REPLICA_ASSIGNMENT, "Manual replica assignment is not supported")
             meta = broker.logs.topics.get(item.name)
@@ -303,17 +404,20 @@ async def handle_create_partitions(broker: BrokerServices, ctx: RequestContext, 
 
 
 async def _create_partitions_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview,
-                                        req: Any) -> bytes:
+                                        req: Any, alterable: set[str]) -> bytes:
     cluster = broker.cluster
     image = cluster.image
     added = 0
     for item in req.topics:
-        info = image.topics.get(item.name)
-        added += max(item.count - (info.partition_count if info is not None else 0), 0)
+        if item.name in alterable:
+            info = image.topics.get(item.name)
+            added += max(item.count - (info.partition_count if info is not None else 0), 0)
 
-    def refused(item: Any) -> tuple[int, str] | None:
+    def refused(item: Any) -> tuple[int, str | None] | None:
         if added > MAX_PARTITIONS_PER_REQUEST:
             return ErrorCode.POLICY_VIOLATION, _TOO_MANY
+        if item.name not in alterable:
+            return ErrorCode.TOPIC_AUTHORIZATION_FAILED, None
         if item.name.startswith("__"):
             return ErrorCode.INVALID_TOPIC_EXCEPTION, "Internal topics cannot be resized"
         return None
