@@ -20,6 +20,7 @@ from .security.listeners import (
     listener_specs,
     split_listener_key,
 )
+from .security.quotas import parse_ip_overrides
 
 LONG_MAX = 9223372036854775807
 INT_MAX = 2147483647
@@ -195,6 +196,14 @@ TOPIC_KEYS: dict[str, ConfigKey] = {
 }
 
 
+def _ip_overrides_problem(text: str) -> str | None:
+    try:
+        parse_ip_overrides(text)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
 def _broker_keys() -> dict[str, ConfigKey]:
     keys = [
         ConfigKey("node.id", TYPE_INT, 0, "This broker's id.", at_least(0)),
@@ -253,6 +262,19 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   "How often the recovery point of every partition is checkpointed.", at_least(1)),
         ConfigKey("socket.request.max.bytes", TYPE_INT, 104857600, "Largest request frame accepted.", at_least(1)),
         ConfigKey("max.connections", TYPE_INT, 1000, "Open client connections allowed at once.", at_least(1)),
+        ConfigKey("max.connections.per.ip", TYPE_INT, INT_MAX,
+                  "Open connections allowed from one IP address; a connection above it is closed (0: only the "
+                  "addresses of max.connections.per.ip.overrides may connect).", at_least(0)),
+        ConfigKey("max.connections.per.ip.overrides", TYPE_STRING, "",
+                  "host:count,... exceptions to max.connections.per.ip (a host name is resolved at start).",
+                  _ip_overrides_problem),
+        ConfigKey("max.connection.creation.rate", TYPE_INT, INT_MAX,
+                  "New connections a second the broker takes; one above the rate waits unread (at most "
+                  "quota.window.size.seconds), and the ones after it wait behind it, as Kafka's acceptor.",
+                  at_least(0)),
+        ConfigKey("quota.window.num", TYPE_INT, 11,
+                  "Samples client quotas and max.connection.creation.rate measure their rates over.", at_least(1)),
+        ConfigKey("quota.window.size.seconds", TYPE_INT, 1, "Length of one such sample, in seconds.", at_least(1)),
         ConfigKey("queued.max.requests", TYPE_INT, 500,
                   "Requests of one connection in progress before the broker stops reading from it.", at_least(1)),
         ConfigKey("connections.max.idle.ms", TYPE_LONG, 600000, "Idle connections are closed after this.",
@@ -605,6 +627,9 @@ def load_broker_config(
             f"Invalid value {str(values['oncelog.controller.session.timeout.ms'])!r} for configuration "
             "oncelog.controller.session.timeout.ms: must be at most oncelog.coordination.session.timeout.ms "
             f"({values['oncelog.coordination.session.timeout.ms']})")
+    if values["max.connections.per.ip"] == 0 and not parse_ip_overrides(values["max.connections.per.ip.overrides"]):
+        raise ConfigError("max.connections.per.ip can be set to zero only if max.connections.per.ip.overrides "
+                          "property is set.")
     if values["listeners"]:
         try:
             inter_broker_listener(values, listener_specs(values))

@@ -73,7 +73,10 @@ class Connection(asyncio.BufferedProtocol):
         self._wakeup = asyncio.Event()
         self._can_write = asyncio.Event()
         self._can_write.set()
-        self._reading_paused = False
+        self._reading_paused = False  # backpressure: queued.max.requests requests in progress
+        # A quota throttle (KIP-219): reading waits until this timer fires, whatever backpressure says.
+        self._mute_timer: asyncio.TimerHandle | None = None
+        self._unmuted: asyncio.Future[None] | None = None  # done when the mute ends (or the connection does)
         self.closed = False
         # Set when the connection must end after the answers already owed are sent: later requests are
         # neither read nor processed.
@@ -98,8 +101,7 @@ class Connection(asyncio.BufferedProtocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.client_host = str(peer[0]) if peer else "?"
-        if not self.broker.register_connection(self):
-            log.warning("closing connection from %s: max.connections reached", self.peer)
+        if not self.broker.register_connection(self):  # it logs why (max.connections, max.connections.per.ip)
             self.closed = True
             transport.close()
             return
@@ -129,6 +131,9 @@ class Connection(asyncio.BufferedProtocol):
         self.closed = True
         if self._auth_timer is not None:
             self._auth_timer.cancel()
+        if self._mute_timer is not None:
+            self._mute_timer.cancel()
+            self._unmute()
         self.broker.unregister_connection(self)
         self._wakeup.set()
         self._can_write.set()
@@ -223,7 +228,8 @@ class Connection(asyncio.BufferedProtocol):
                 # Resume at half the limit, and at the latest when nothing is pending (queued.max.requests=1).
                 if self._reading_paused and len(self._pending) < max(1, self.max_queued // 2) and self.transport:
                     self._reading_paused = False
-                    self.transport.resume_reading()
+                    if self._mute_timer is None and not self.closing:
+                        self.transport.resume_reading()
                 if pieces is _CLOSE:
                     self.close()
                     return
@@ -276,6 +282,43 @@ class Connection(asyncio.BufferedProtocol):
                 await self._can_write.wait()
         finally:
             close_pieces(pieces)
+
+    def mute_for(self, seconds: float) -> None:
+        """Read no further request for `seconds`: a quota's throttle time (KIP-219; the answer saying so still goes
+        out, and requests already read wait in `until_unmuted`). A longer throttle extends the mute, a shorter one
+        leaves it; when it ends, reading resumes unless backpressure or closing still hold it."""
+        if self.closed or self.transport is None or seconds <= 0:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        if self._mute_timer is not None:
+            if until <= self._mute_timer.when():
+                return
+            self._mute_timer.cancel()
+        else:
+            self._unmuted = loop.create_future()
+            if not self._reading_paused and not self.closing:
+                self.transport.pause_reading()
+        self._mute_timer = loop.call_at(until, self._unmute)
+
+    @property
+    def muted(self) -> bool:
+        return self._unmuted is not None
+
+    async def until_unmuted(self) -> None:
+        """Return once the connection is not muted. A request read before the mute began waits here, so that
+        behind a throttled request nothing of the connection is processed until the throttle ends, as behind
+        Kafka's muted channel (which reads one request at a time); waiters resume in their order."""
+        while self._unmuted is not None:
+            await asyncio.shield(self._unmuted)
+
+    def _unmute(self) -> None:
+        self._mute_timer = None
+        unmuted, self._unmuted = self._unmuted, None
+        if unmuted is not None and not unmuted.done():
+            unmuted.set_result(None)
+        if not (self._reading_paused or self.closing or self.closed) and self.transport is not None:
+            self.transport.resume_reading()
 
     def close_after_pending(self, seq: int | None = None) -> None:
         """End the connection after request `seq` (default: the last one read): requests before it are

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram, Summary, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 log = logging.getLogger("oncelog.metrics")
@@ -190,6 +190,15 @@ class BrokerMetrics:
                                          ["listener", "mechanism"], registry=r)
         self.failed_authentications = Counter("oncelog_failed_authentication", "SASL authentications refused",
                                               ["listener", "mechanism"], registry=r)
+        # Kafka's quota throttle metrics: throttle-time of the Produce and Fetch quota types per user/client-id (the
+        # quota's metric tags, "" where unused), and the listener's connection-accept-throttle-time; Kafka's are an
+        # Avg over the throttled requests, here _sum / _count of the throttle times (ms) of throttled requests only.
+        self.throttle_time = Summary("oncelog_throttle_time_ms",
+                                     "Throttle times given for client quota violations (KIP-219), by quota type",
+                                     ["quota_type", "user", "client_id"], registry=r)
+        self.connection_accept_throttle_time = Summary(
+            "oncelog_connection_accept_throttle_time_ms",
+            "Delays of new connections over max.connection.creation.rate, by listener", ["listener"], registry=r)
         self._http = None
 
     def watch_partitions(self, logs: Callable[[], Iterable[tuple[str, int, Any]]],

@@ -28,6 +28,13 @@ from ..security.listeners import (
     inter_broker_listener,
     listener_specs,
 )
+from ..security.quotas import (
+    ClientQuotaManagers,
+    ConnectionQuotas,
+    LocalQuotaStore,
+    QuotaStoreError,
+    parse_ip_overrides,
+)
 from ..security.sasl.authenticator import Authenticator
 from ..security.sasl.mechanisms import ExchangeFactory, PlainExchange, ScramExchange
 from ..security.tls import PrincipalMapper, TlsConfigError, server_context
@@ -72,6 +79,21 @@ class ListenerRuntime:
                              self.settings["connections.max.reauth.ms"])
 
 
+def _resolved_overrides(text: str) -> dict[str, int]:
+    """max.connections.per.ip.overrides by address: a host name is resolved once, at start (as Kafka's
+    InetAddress.getByName when the config is read)."""
+    import socket
+
+    overrides = {}
+    for host, count in parse_ip_overrides(text).items():
+        try:
+            address = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)[0][4][0]
+        except OSError as exc:
+            raise SecurityConfigError(f"max.connections.per.ip.overrides: cannot resolve {host}: {exc}") from None
+        overrides[str(address)] = count
+    return overrides
+
+
 class BrokerSecurity:
     """The listeners and the stores security keeps (credentials now; ACLs and quotas as their steps land)."""
 
@@ -107,6 +129,25 @@ class BrokerSecurity:
             except AclStoreError as exc:
                 raise SecurityConfigError(str(exc)) from None
             self.acl_store.set_listener(self.authorizer.update)
+        # Client quotas (KIP-13/124/546): the store (AlterClientQuotas writes it, its listener hands every change
+        # to the quota managers Produce and Fetch enforce with) and the connection limits of the accept path.
+        self.quota_manager = ClientQuotaManagers(values["quota.window.num"], values["quota.window.size.seconds"])
+        self.quotas: LocalQuotaStore | None = None
+        quota_file = data_dir / "__oncelog_meta" / "quotas.json"
+        if values["oncelog.coordination.connect"]:
+            if quota_file.exists():
+                log.warning("%s is not read by a cluster broker: a cluster's client quotas are to be kept in "
+                            "ZooKeeper (docs/security.md §8 step 6); no client quota is enforced", quota_file)
+        else:
+            try:
+                self.quotas = LocalQuotaStore(quota_file)
+                self.quota_manager.update(self.quotas.load())
+            except QuotaStoreError as exc:
+                raise SecurityConfigError(str(exc)) from None
+            self.quotas.set_listener(self.quota_manager.update)
+        self.connection_quotas = ConnectionQuotas(
+            values["max.connections.per.ip"], _resolved_overrides(values["max.connections.per.ip.overrides"]),
+            values["max.connection.creation.rate"], values["quota.window.num"], values["quota.window.size.seconds"])
 
     @property
     def secured(self) -> bool:

@@ -25,6 +25,7 @@ from ..coordinator.txn.coordinator import TransactionCoordinator
 from ..coordinator.txn.producer_ids import ProducerIdManager
 from ..errors import ErrorCode
 from ..protocol.apis import ApiKey
+from ..security.quotas import normal_ip
 from ..storage.cleaner.manager import LogCleaner
 from ..storage.flusher import GroupCommitFlusher
 from ..storage.log_manager import LogManager
@@ -122,9 +123,10 @@ class Broker:
         self.txn_verifier: Any = None
         handlers = dict(HANDLERS)
         if config["oncelog.coordination.connect"]:
-            # SCRAM credentials are kept in this broker's data directory: a cluster needs them replicated
-            # (docs/security.md §8 step 6), so a cluster does not offer the APIs until they are.
-            for key in (ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS):
+            # SCRAM credentials and client quotas are kept in this broker's data directory: a cluster needs them
+            # in ZooKeeper (docs/security.md §8 step 6), so a cluster does not offer the APIs until they are.
+            for key in (ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
+                        ApiKey.DESCRIBE_CLIENT_QUOTAS, ApiKey.ALTER_CLIENT_QUOTAS):
                 handlers.pop(key)
         self.dispatcher = Dispatcher(self, handlers, INTERNAL_HANDLERS)
         # Cluster mode (None: the single node). Set fatal when the broker must end (its node.id was taken while
@@ -316,14 +318,34 @@ class Broker:
 
     # -- connections ------------------------------------------------------------------------------
     def register_connection(self, conn: Connection) -> bool:
+        """Admit a new connection, or say why not (logged) and refuse it. In Kafka's order (ConnectionQuotas.inc):
+        max.connection.creation.rate first (every new connection counts; one over the rate is read only after
+        its throttle), then max.connections, then max.connections.per.ip."""
+        quotas = self.security.connection_quotas
+        delay_ms = quotas.creation_delay_ms(time.monotonic() * 1000)
         if len(self.connections) >= self.config["max.connections"]:
+            log.warning("closing connection from %s: max.connections reached", conn.peer)
             return False
+        if quotas.limits_ips:
+            ip = normal_ip(conn.client_host)
+            limit = quotas.admit(ip)
+            if limit is not None:
+                log.info("Rejected connection from %s, address already has the configured maximum of %d "
+                         "connections.", ip, limit)
+                return False
         self.connections.add(conn)
         self.metrics.connections.inc()
+        if delay_ms > 0:
+            listener = conn.listener.name if conn.listener is not None else ""
+            self.metrics.connection_accept_throttle_time.labels(listener).observe(delay_ms)
+            conn.mute_for(delay_ms / 1000)
         return True
 
     def unregister_connection(self, conn: Connection) -> None:
-        self.connections.discard(conn)
+        if conn in self.connections:
+            self.connections.discard(conn)
+            if self.security.connection_quotas.limits_ips:
+                self.security.connection_quotas.release(normal_ip(conn.client_host))
 
     # -- coordinators -------------------------------------------------------------------------------
     def coordinator_node(self, topic: str, partition: int, listener: Any = None) -> CoordinatorNode | ErrorCode:

@@ -53,6 +53,8 @@ class ApiKey(IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     OFFSET_DELETE = 47
+    DESCRIBE_CLIENT_QUOTAS = 48
+    ALTER_CLIENT_QUOTAS = 49
     DESCRIBE_USER_SCRAM_CREDENTIALS = 50
     ALTER_USER_SCRAM_CREDENTIALS = 51
     FETCH_SNAPSHOT = 59  # inter-broker only: a follower takes its leader's producer state (docs/cluster.md §4.7)
@@ -118,6 +120,8 @@ SPECS: dict[int, ApiSpec] = {
         ApiSpec(ApiKey.ALTER_PARTITION_REASSIGNMENTS, 0, 1, 0),
         ApiSpec(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, 0, 0),
         ApiSpec(ApiKey.OFFSET_DELETE, 0, 0, -1),
+        ApiSpec(ApiKey.DESCRIBE_CLIENT_QUOTAS, 0, 1, 1),
+        ApiSpec(ApiKey.ALTER_CLIENT_QUOTAS, 0, 1, 1),
         ApiSpec(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, 0),
         ApiSpec(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, 0),
         ApiSpec(ApiKey.FETCH_SNAPSHOT, 0, 0, 0),

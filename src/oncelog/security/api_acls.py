@@ -109,6 +109,8 @@ RULES: dict[int, tuple[Check, ...]] = {
     ApiKey.DESCRIBE_ACLS: (_c(C, Op.DESCRIBE, R),),
     ApiKey.CREATE_ACLS: (_c(C, Op.ALTER, R),),
     ApiKey.DELETE_ACLS: (_c(C, Op.ALTER, R),),
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: (_c(C, Op.DESCRIBE_CONFIGS, R),),
+    ApiKey.ALTER_CLIENT_QUOTAS: (_c(C, Op.ALTER_CONFIGS, R),),
     # between brokers
     ApiKey.CONTROLLED_SHUTDOWN: (_c(C, Op.CLUSTER_ACTION, R),),
     ApiKey.FETCH_SNAPSHOT: (_c(C, Op.CLUSTER_ACTION, R),),

@@ -22,6 +22,7 @@ from . import (
     offsets,
     produce,
     producers,
+    quotas,
     records,
     sasl,
     scram,
@@ -75,6 +76,8 @@ HANDLERS = {
     ApiKey.DESCRIBE_ACLS: acls.handle_describe_acls,
     ApiKey.CREATE_ACLS: acls.handle_create_acls,
     ApiKey.DELETE_ACLS: acls.handle_delete_acls,
+    ApiKey.DESCRIBE_CLIENT_QUOTAS: quotas.handle_describe,
+    ApiKey.ALTER_CLIENT_QUOTAS: quotas.handle_alter,
 }
 
 INTERNAL_HANDLERS = {

@@ -19,11 +19,18 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ErrorCode, KafkaError
-from ...protocol.fetch_codec import FetchPartitionResponse, decode_fetch_request, encode_fetch_response
+from ...protocol.fetch_codec import (
+    FetchPartitionResponse,
+    decode_fetch_request,
+    encode_fetch_response,
+    pieces_size,
+)
 from ...security.acls import AclOperation, ResourceType
+from ...security.quotas import INT_MAX, quota_user
 from ..delayed import replica_key
 from ..partition_access import LocalPartitionAccess
 from ..wire import FileRegion, close_pieces
+from .quotas import throttle, until_unmuted
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -48,12 +55,14 @@ UNDEFINED_EPOCH = -1
 
 def _read_all(broker: BrokerServices, req: Any, conn: Any,
               replica: dict[tuple[str, int], Verdict] | None = None, denied: frozenset[str] = frozenset(),
-              ) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
+              cap: int | None = None) -> tuple[list[tuple[str, list[FetchPartitionResponse]]], int, bool]:
     """One pass over the request's partitions. `replica`: for a follower's fetch, the verdict per partition (NONE:
     read up to the log end and answer the leader's own log start; an error: answer it; (epoch, end offset): its
     log diverges there, answer DivergingEpoch; None: serve it as a consumer fetch). `has_error` (answer now) is
-    also set by a DivergingEpoch."""
+    also set by a DivergingEpoch. `cap`: a consumer_byte_rate quota's bound on the response's bytes."""
     budget = min(req.max_bytes if req.max_bytes > 0 else broker.config["fetch.max.bytes"], broker.config["fetch.max.bytes"])
+    if cap is not None:
+        budget = min(budget, cap)
     total = 0
     has_error = False
     topics: list[tuple[str, list[FetchPartitionResponse]]] = []
@@ -212,14 +221,26 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
         else:
             names = [t.name for t in req.topics for _ in t.partitions]
             denied = frozenset(names) - set(ctx.filter_authorized(ResourceType.TOPIC, names))
+    quota = None
+    cap = None
+    min_bytes = req.min_bytes
+    if req.replica_id < 0 and broker.security.quota_manager.fetch.enabled:
+        # consumer_byte_rate (followers are not client-throttled): the response may not exceed what the quota
+        # window can take at once, or a consumer could be throttled forever (KAFKA-9677)
+        quota = broker.security.quota_manager.fetch
+        if not await until_unmuted(ctx):
+            return None
+        most = quota.max_value_in_window(quota_user(ctx.principal), ctx.client_id or "")
+        cap = int(min(most, INT_MAX))
+        min_bytes = min(min_bytes, cap)
     keys = [(t.name, p.partition) for t in req.topics for p in t.partitions if t.name not in denied]
     replica = _replica_verdicts(broker, req) if req.replica_id >= 0 else None
     watched = keys + [replica_key(req.replica_id)] if replica is not None else keys
     answer_now = False      # a follower's fetch asked to answer early (delayed.py wake_replica)
     while True:
-        topics, total, has_error = _read_all(broker, req, ctx.connection, replica, denied)
+        topics, total, has_error = _read_all(broker, req, ctx.connection, replica, denied, cap)
         remaining = deadline - loop.time()
-        if (answer_now or total >= req.min_bytes or has_error or remaining <= 0 or ctx.connection.closed
+        if (answer_now or total >= min_bytes or has_error or remaining <= 0 or ctx.connection.closed
                 or not keys):
             break
         _release(topics)
@@ -234,4 +255,12 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
         finally:
             broker.watchers.unwatch(watched, event)
         answer_now = replica is not None and broker.watchers.replica_wakes(req.replica_id) != wakes
-    return encode_fetch_response(ctx.api_version, 0, 0, 0, topics)
+    response = encode_fetch_response(ctx.api_version, 0, 0, 0, topics)
+    if quota is not None:
+        # Kafka's handleFetchRequest: the response's size is recorded; over the quota, the answer is an empty
+        # fetch response carrying the throttle time instead of the data, which then does not count
+        throttle_ms = throttle(broker, ctx, quota, pieces_size(response), unrecord_if_throttled=True)
+        if throttle_ms:
+            _release(topics)
+            return encode_fetch_response(ctx.api_version, throttle_ms, 0, 0, [])
+    return response

@@ -24,6 +24,7 @@ from ...records.batch import read_header, set_log_append_time
 from ...records.validate import convert_codec, stored_codec, validate_produce
 from ...security.acls import ResourceType
 from .common import now_ms
+from .quotas import throttle, until_unmuted
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -68,20 +69,31 @@ def _client_facing(broker: BrokerServices, ctx: RequestContext, header: Any, err
 
 
 async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> Any:
+    throttle_ms = 0
+    quota = broker.security.quota_manager.produce
+    if quota.enabled:
+        # producer_byte_rate: the request's size counts (Kafka's request.sizeInBytes, the frame after its length, of
+        # which `body` is the tail), acks=0 too; over the quota the answer carries the throttle time and the
+        # connection is muted for it (KIP-219). Recorded as the request starts, not when it is answered as in Kafka:
+        # requests read behind it then wait for the throttle, as behind Kafka's muted channel.
+        if not await until_unmuted(ctx):
+            return None
+        owner = getattr(body, "obj", None)
+        throttle_ms = throttle(broker, ctx, quota, len(owner) if owner is not None else len(body))
     req = decode_produce_request(body, ctx.api_version)
     conn = ctx.connection
     denied: frozenset[str] = frozenset()
     if ctx.authorizer is not None:
         refusal, denied = _authorization(ctx, req)
         if refusal:
-            return await _answer(ctx, req, _refused(req, refusal), [])
+            return await _answer(ctx, req, _refused(req, refusal), [], throttle_ms)
     earlier = conn.produce_gate
     verify = _remote_verifications(broker, req)
     if not verify and (earlier is None or earlier.done()):
         topics, waits, stale = _append_all(broker, ctx, req, {}, denied)
         if stale:
             await _remote_stale_owners(broker, ctx, req, stale)
-        return await _answer(ctx, req, topics, waits)
+        return await _answer(ctx, req, topics, waits, throttle_ms)
     # A transactional producer's first batch on a partition whose coordinator is another broker: ask it first
     # (txn_verification). The connection's later produce requests wait behind this one's appends, so a client's
     # pipelined batches still reach each partition in the order it sent them.
@@ -104,7 +116,7 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
             conn.produce_gate = None
     if stale:
         await _remote_stale_owners(broker, ctx, req, stale)
-    return await _answer(ctx, req, topics, waits)
+    return await _answer(ctx, req, topics, waits, throttle_ms)
 
 
 def _authorization(ctx: RequestContext, req: Any) -> tuple[ErrorCode, frozenset[str]]:
@@ -293,7 +305,7 @@ async def _remote_stale_owners(broker: BrokerServices, ctx: RequestContext, req:
 
 
 async def _answer(ctx: RequestContext, req: Any, topics: list[tuple[str, list[_Slot]]],
-                  waits: list[tuple[_Slot, Any]]) -> Any:
+                  waits: list[tuple[_Slot, Any]], throttle_ms: int = 0) -> Any:
     if req.acks == 0:
         if any(s.error for _, slots in topics for s in slots):
             # No response goes back for acks=0, so a closed connection is the only signal.
@@ -308,4 +320,4 @@ async def _answer(ctx: RequestContext, req: Any, topics: list[tuple[str, list[_S
                 log.error("acks=all wait failed: %r", outcome)
                 slot.error, slot.base_offset = ErrorCode.KAFKA_STORAGE_ERROR, -1
     responses = [(name, [s.response() for s in slots]) for name, slots in topics]
-    return encode_produce_response(ctx.api_version, responses)
+    return encode_produce_response(ctx.api_version, responses, throttle_ms)
