@@ -60,8 +60,8 @@ class AclBroker:
 
     def grant(self, user: str, resource: str, name: str, *operations: str, pattern: str = "LITERAL",
               permission: str = "ALLOW", host: str = "*") -> None:
-        """e.g. grant("alice", "TOPIC", "orders", "WRITE", "DESCRIBE"); resource TOPIC, GROUP, CLUSTER,
-        TRANSACTIONAL_ID; principal "User:<user>" ("*": User:*)."""
+        """e.g. grant("alice", "TOPIC", "orders", "WRITE", "DESCRIBE"); resource TOPIC, GROUP, CLUSTER (or
+        confluent-kafka's BROKER; name "kafka-cluster"), TRANSACTIONAL_ID; principal "User:<user>" ("*": User:*)."""
         from confluent_kafka.admin import (
             AclBinding,
             AclOperation,
@@ -71,6 +71,7 @@ class AclBroker:
         )
 
         principal = "User:*" if user == "*" else f"User:{user}"
+        resource = {"CLUSTER": "BROKER"}.get(resource, resource)  # confluent-kafka's name of Kafka's Cluster
         bindings = [AclBinding(getattr(ResourceType, resource), name, getattr(ResourcePatternType, pattern),
                                principal, host, getattr(AclOperation, op), getattr(AclPermissionType, permission))
                     for op in operations]

@@ -155,10 +155,11 @@ class ClusterMode:
             write_state=store.write_partition_state, lease=store,
             on_readable=broker.watchers.notify, wake_replica=broker.watchers.wake_replica,
             on_topic_deleted=self._report_deleted, flusher=broker.flusher)
+        security = broker.security.inter_broker_security  # the inter-broker listener's client side
         self.fetchers = ReplicaFetcherManager(self.node_id, self.image, broker.logs, self.replicas, self.config,
-                                              broker_epoch=lambda: self.broker_epoch)
+                                              broker_epoch=lambda: self.broker_epoch, security=security)
         broker.partitions = ReplicatedPartitionAccess(self.replicas, self.image)
-        self.inter_broker = InterBroker(self.node_id, self.image, self.config)
+        self.inter_broker = InterBroker(self.node_id, self.image, self.config, security)
         self.producer_ids = ClusterProducerIds(self._allocate_producer_ids)
         broker.producer_ids = self.producer_ids  # type: ignore[assignment]
 
@@ -170,13 +171,15 @@ class ClusterMode:
         timeout_s = self.config["replica.socket.timeout.ms"] / 1000
         return self.marker_channel, TxnVerifier(self.node_id, self.image, self.inter_broker, coordinator, timeout_s)
 
-    async def join(self, host: str, port: int) -> None:
-        """After the listener is bound: register, take the replicas' roles, run the controller."""
+    async def join(self, host: str, port: int, listeners: dict[str, Any] | None = None) -> None:
+        """After the listeners are bound: register (`host`:`port` the inter-broker listener's address, `listeners`
+        every endpoint and its protocol), take the replicas' roles, run the controller."""
         store = self.store
         assert store is not None and self.replicas is not None and self.fetchers is not None
         instance = hashlib.sha256(str(self.broker.data_dir.resolve()).encode()).hexdigest()[:16]
         try:
-            self._broker_epoch = await store.register_broker(self.node_id, host, port, instance_id=instance)
+            self._broker_epoch = await store.register_broker(self.node_id, host, port, instance_id=instance,
+                                                             extra=listeners)
         except StoreUnavailable as exc:
             raise ClusterStartError(f"cannot register with the coordination service: {exc}") from None
         store.on_state_change(self._on_store_state)
@@ -388,12 +391,24 @@ class ClusterMode:
         """Wait until `condition()` holds on this broker's image, or `deadline` (loop time) passed."""
         return await self._wait(condition, deadline)
 
+    def brokers_on(self, listener: Any) -> list[tuple[int, str, int, str | None]]:
+        """(node id, host, port, rack) of every live broker on the listener a client came in on (a connection's
+        ListenerRuntime, or None), as Metadata and DescribeCluster answer it: a broker without that listener is
+        left out, as Kafka does."""
+        name = getattr(listener, "name", None)
+        out = []
+        for node_id, info in sorted(self.image.brokers.items()):
+            address = info.endpoint(name)
+            if address is not None:
+                out.append((node_id, address[0], address[1], info.rack))
+        return out
+
     # -- the coordinators' internal topics ----------------------------------------------------------------------
-    def coordinator_node(self, topic: str, partition: int) -> CoordinatorNode | ErrorCode:
+    def coordinator_node(self, topic: str, partition: int, listener: str | None = None) -> CoordinatorNode | ErrorCode:
         """The leader of internal `topic`-`partition` (FindCoordinator's answer); while the topic does not exist it
         is created through the controller, once enough brokers are alive for its replication factor, and the
         answer meanwhile is COORDINATOR_NOT_AVAILABLE, which clients retry."""
-        node = coordinator_leadership.coordinator_node(self.image, topic, partition)
+        node = coordinator_leadership.coordinator_node(self.image, topic, partition, listener)
         if node is not None:
             return node
         spec = coordinator_leadership.internal_topic(self.config, topic)

@@ -71,24 +71,26 @@ class RequestContext:
     def principal(self) -> str:
         return getattr(self.connection, "principal", "User:ANONYMOUS")
 
-    def authorized(self, resource: ResourceType, name: str, operation: AclOperation | None = None) -> bool:
+    def authorized(self, resource: ResourceType, name: str, operation: AclOperation | None = None, *,
+                   log_denied: bool = True) -> bool:
         """May the caller do what this API needs on `resource` `name`? The operation comes from the API's row of
-        security/api_acls.RULES (named here only where the row has two on that resource type)."""
+        security/api_acls.RULES (named here only where the row has two on that resource type). `log_denied`
+        False: a denial that only decides between two paths (Kafka's logIfDenied = false) is audited at TRACE."""
         if self.authorizer is None:
             return True
         check = check_for(self.api_key, resource, operation)
         return self.authorizer.authorize(self.principal, self.connection.client_host, check.operation, resource,
-                                         name, request_name=request_name(self.api_key))
+                                         name, request_name=request_name(self.api_key), log_if_denied=log_denied)
 
     def filter_authorized(self, resource: ResourceType, names: Iterable[str],
-                          operation: AclOperation | None = None) -> list[str]:
+                          operation: AclOperation | None = None, *, log_denied: bool = True) -> list[str]:
         """The names (in order) the caller may do this API's operation on (Kafka's filterByAuthorized)."""
         names = list(names)
         if self.authorizer is None:
             return names
         check = check_for(self.api_key, resource, operation)
         return self.authorizer.filter(self.principal, self.connection.client_host, check.operation, resource,
-                                      names, request_name=request_name(self.api_key))
+                                      names, request_name=request_name(self.api_key), log_if_denied=log_denied)
 
     def authorized_any(self, resource: ResourceType, operation: AclOperation | None = None) -> bool:
         """Is there any `resource` the caller may do the operation on (KIP-679: WRITE on some topic)?"""
@@ -98,8 +100,8 @@ class RequestContext:
         return self.authorizer.authorize_any(self.principal, self.connection.client_host, check.operation, resource,
                                              request_name=request_name(self.api_key))
 
-    def authorized_cluster(self, operation: AclOperation | None = None) -> bool:
-        return self.authorized(ResourceType.CLUSTER, CLUSTER_NAME, operation)
+    def authorized_cluster(self, operation: AclOperation | None = None, *, log_denied: bool = True) -> bool:
+        return self.authorized(ResourceType.CLUSTER, CLUSTER_NAME, operation, log_denied=log_denied)
 
     def authorized_operations(self, resource: ResourceType, name: str) -> set[int]:
         """The operations the caller may do on the resource, for `include_*_authorized_operations` (Kafka's

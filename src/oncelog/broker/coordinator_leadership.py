@@ -55,19 +55,21 @@ def creatable(image: MetadataImage, spec: NewTopic) -> bool:
     return len(image.brokers) >= spec.replication_factor
 
 
-def coordinator_node(image: MetadataImage, topic: str, partition: int) -> CoordinatorNode | ErrorCode | None:
-    """The leader of `topic`-`partition` as the image has it; COORDINATOR_NOT_AVAILABLE while it has no live
-    leader; None when the topic does not exist yet (the caller has it created, and answers
-    COORDINATOR_NOT_AVAILABLE meanwhile)."""
+def coordinator_node(image: MetadataImage, topic: str, partition: int,
+                     listener: str | None = None) -> CoordinatorNode | ErrorCode | None:
+    """The leader of `topic`-`partition` as the image has it, at its address on `listener` (the client's);
+    COORDINATOR_NOT_AVAILABLE while it has no live leader (or none reachable on that listener); None when the
+    topic does not exist yet (the caller has it created, and answers COORDINATOR_NOT_AVAILABLE meanwhile)."""
     if topic not in image.topics:
         return None
     state = image.partition(topic, partition)
     if state is None or state.leader < 0:
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
     leader = image.brokers.get(state.leader)
-    if leader is None:
+    address = leader.endpoint(listener) if leader is not None else None
+    if leader is None or address is None:
         return ErrorCode.COORDINATOR_NOT_AVAILABLE
-    return CoordinatorNode(leader.node_id, leader.host, leader.port)
+    return CoordinatorNode(leader.node_id, *address)
 
 
 def follow_leadership(replicas: ReplicaManager,

@@ -99,18 +99,21 @@ class BrokerSecurity:
 
     def __init__(self, config: BrokerConfig, data_dir: Path, listen: tuple[str, int] | None) -> None:
         values = config.values
+        self._values = values
         try:
             specs = listener_specs(values, None if values["listeners"] else listen)
             self.inter_broker = inter_broker_listener(values, specs).name
         except ListenerError as exc:
             raise SecurityConfigError(str(exc)) from None
-        if values["oncelog.coordination.connect"] and (len(specs) > 1 or specs[0].protocol != "PLAINTEXT"):
-            raise SecurityConfigError(
-                "a cluster broker runs one PLAINTEXT listener for now: its brokers would reach each other over "
-                "it without credentials (secured clusters are docs/security.md §8 step 6)")
         self.jwks: list[Any] = []  # the OAUTHBEARER listeners' key sets (sasl/oauthbearer.JwksKeys)
         self.credentials = LocalCredentialStore(data_dir / "__oncelog_meta" / "scram-credentials.json")
         self.listeners = [self._runtime(spec, values) for spec in specs]
+        self.cluster = bool(values["oncelog.coordination.connect"])
+        # The client side of the inter-broker listener: only a cluster broker connects to other brokers.
+        self.inter_broker_security = None
+        if self.cluster:
+            self._refuse_what_a_cluster_cannot_keep_yet()
+            self.inter_broker_security = self.inter_broker_client()
         self.authorizer: Authorizer | None = None
         self.acl_store: LocalAclStore | None = None
         authorizer_class = values["authorizer.class.name"]
@@ -150,8 +153,74 @@ class BrokerSecurity:
             values["max.connection.creation.rate"], values["quota.window.num"], values["quota.window.size.seconds"])
 
     @property
+    def inter_broker_listener(self) -> ListenerRuntime:
+        """The listener other brokers reach this one on (inter.broker.listener.name)."""
+        return next(lst for lst in self.listeners if lst.name == self.inter_broker)
+
+    def inter_broker_client(self) -> Any:
+        """The client side of the inter-broker listener, for this broker's own connections to the others
+        (replica fetchers, markers, forwarded requests): its protocol, the listener's trust store (and key store,
+        for mutual TLS), ssl.endpoint.identification.algorithm, and the broker's own SASL credential (the
+        `username`/`password` of the listener's JAAS config for sasl.mechanism.inter.broker.protocol).
+        None for PLAINTEXT, the default."""
+        from ..client.config import ClientConfig
+        from ..client.security import security_from_config
+
+        listener = self.inter_broker_listener
+        settings, protocol = listener.settings, listener.spec.protocol
+        if protocol == "PLAINTEXT":
+            return None
+        # bootstrap.servers only satisfies ClientConfig: each connection names its broker's address itself
+        conf: dict[str, Any] = {"bootstrap.servers": f"{listener.advertised[0]}:{listener.advertised[1] or 1}",
+                                "security.protocol": protocol}
+        if listener.spec.tls:
+            for key in ("ssl.truststore.location", "ssl.truststore.certificates", "ssl.keystore.location",
+                        "ssl.keystore.certificate.chain", "ssl.keystore.key", "ssl.key.password"):
+                if settings[key]:
+                    conf[key] = settings[key]
+            conf["ssl.truststore.type"] = conf["ssl.keystore.type"] = "PEM"
+            conf["ssl.endpoint.identification.algorithm"] = settings["ssl.endpoint.identification.algorithm"] or "none"
+        if listener.spec.sasl:
+            mechanism = (self._values["sasl.mechanism.inter.broker.protocol"] or "").upper()
+            where = f"sasl.mechanism.inter.broker.protocol {mechanism}"
+            if mechanism not in listener.mechanisms:
+                raise SecurityConfigError(f"{where} is not enabled on the inter-broker listener {listener.name} "
+                                          f"({', '.join(listener.mechanisms)})")
+            if mechanism not in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"):
+                raise SecurityConfigError(f"{where}: brokers authenticate to each other with PLAIN or SCRAM")
+            text = settings.jaas(mechanism) or ""
+            options = parse_jaas(text).options if text else {}
+            if not options.get("username") or "password" not in options:
+                raise SecurityConfigError(f"{where} needs the broker's own credential: username=\"...\" "
+                                          f"password=\"...\" in {listener.spec.config_prefix}"
+                                          f"{mechanism.lower()}.sasl.jaas.config")
+            conf.update({"sasl.mechanism": mechanism, "sasl.username": options["username"],
+                         "sasl.password": options["password"]})
+        try:
+            return security_from_config(ClientConfig(conf, "admin"))
+        except ValueError as exc:
+            raise SecurityConfigError(f"inter-broker listener {listener.name}: {exc}") from None
+
+    def registration(self) -> dict[str, Any]:
+        """What a cluster broker's znode says of its listeners, in Kafka's layout: every endpoint as
+        NAME://host:port and each listener's security protocol."""
+        return {"endpoints": [f"{lst.name}://{lst.advertised[0]}:{lst.advertised[1]}" for lst in self.listeners],
+                "listener_security_protocol_map": {lst.name: lst.spec.protocol for lst in self.listeners}}
+
+    @property
     def secured(self) -> bool:
         return any(lst.spec.protocol != "PLAINTEXT" for lst in self.listeners)
+
+    def _refuse_what_a_cluster_cannot_keep_yet(self) -> None:
+        """SCRAM credentials, ACLs and quotas are kept in this broker's data directory; a cluster must keep them
+        in ZooKeeper for every broker (docs/security.md §8 step 6), so until then a cluster broker refuses them
+        at start rather than letting each broker hold its own."""
+        for listener in self.listeners:
+            scram = [m for m in listener.mechanisms if m.startswith("SCRAM")]
+            if scram:
+                raise SecurityConfigError(f"{', '.join(scram)} on listener {listener.name} of a cluster broker: "
+                                          "SCRAM credentials are not yet kept in ZooKeeper; use PLAIN, OAUTHBEARER "
+                                          "or mutual TLS")
 
     def _runtime(self, spec: ListenerSpec, values: Mapping[str, Any]) -> ListenerRuntime:
         settings = ListenerSettings(spec, values)

@@ -213,7 +213,7 @@ class Broker:
         self.group_coordinator.start()
         await self._listen(loop)
         if self.cluster is not None:
-            await self.cluster.join(*self.advertised)
+            await self.cluster.join(*self.security.inter_broker_listener.advertised, self.security.registration())
         if self.metrics_listen is not None:
             self.metrics.watch_partitions(self._partition_snapshot, self.logs.all_partitions)
             self.metrics.watch_transactions(self)
@@ -352,7 +352,7 @@ class Broker:
         """FindCoordinator: who coordinates the keys of internal `topic`-`partition`. The single node: itself; a
         cluster: that partition's leader (the topic created through the controller on first need)."""
         if self.cluster is not None:
-            return self.cluster.coordinator_node(topic, partition)
+            return self.cluster.coordinator_node(topic, partition, listener.name if listener is not None else None)
         host, port = self.advertised_for(listener)
         return CoordinatorNode(self.node_id, host, port)
 

@@ -74,8 +74,9 @@ class ControllerIsHere(Exception):
 class InterBroker:
     """This broker's connections to the other brokers of the cluster."""
 
-    def __init__(self, node_id: int, image: MetadataImage, config: BrokerConfig) -> None:
+    def __init__(self, node_id: int, image: MetadataImage, config: BrokerConfig, security: Any = None) -> None:
         self.node_id = node_id
+        self.security = security  # client.security.Security of the inter-broker listener (None: PLAINTEXT)
         self.image = image
         self.client_id = f"{FORWARDED_CLIENT_ID_PREFIX}{node_id}"
         self._timeout_ms: int = config["replica.socket.timeout.ms"]
@@ -110,7 +111,8 @@ class InterBroker:
                 await conn.close()
             timeout_ms = max(1, min(self._timeout_ms, int(timeout_s * 1000)))
             conn = BrokerConnection(info.host, info.port, node_id, client_id=self.client_id,
-                                    request_timeout_ms=self._timeout_ms, connect_timeout_ms=timeout_ms)
+                                    request_timeout_ms=self._timeout_ms, connect_timeout_ms=timeout_ms,
+                                    security=self.security)
             await conn.connect()
             self._connections[node_id] = conn
             return conn

@@ -31,10 +31,23 @@ class BrokerInfo:
     """A live broker registration. `epoch` is the czxid of its registration znode (KIP-380's broker epoch)."""
 
     node_id: int
-    host: str
+    host: str          # the inter-broker listener's address: where other brokers connect
     port: int
     rack: str | None
     epoch: int
+    # Every listener's advertised address, (name, host, port), as Kafka's broker znode lists its endpoints; empty
+    # for a registration that named none (one listener: host and port).
+    endpoints: tuple[tuple[str, str, int], ...] = ()
+
+    def endpoint(self, listener: str | None) -> tuple[str, int] | None:
+        """host:port of this broker on the listener named `listener` (a client's), None when it has none; the
+        inter-broker address when no listener is named or the registration lists no endpoints."""
+        if listener is None or not self.endpoints:
+            return self.host, self.port
+        for name, host, port in self.endpoints:
+            if name == listener:
+                return host, port
+        return None
 
 
 @dataclass(frozen=True, slots=True)

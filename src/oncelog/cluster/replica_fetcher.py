@@ -104,8 +104,9 @@ class ReplicaFetcherManager:
 
     def __init__(self, node_id: int, image: MetadataImage, logs: LogManager, replicas: ReplicaManager,
                  config: BrokerConfig, *, broker_epoch: Callable[[], int] = lambda: -1,
-                 now_ms: Callable[[], int] | None = None) -> None:
+                 now_ms: Callable[[], int] | None = None, security: Any = None) -> None:
         self.node_id = node_id
+        self.security = security  # client.security.Security of the inter-broker listener (None: PLAINTEXT)
         self.image = image
         self.logs = logs
         self.replicas = replicas
@@ -270,7 +271,8 @@ class SourceFetcher:
         await self._close()
         conn = BrokerConnection(info.host, info.port, self.leader,
                                 client_id=f"oncelog-replica-{self.manager.node_id}",
-                                request_timeout_ms=self._timeout_ms, connect_timeout_ms=self._timeout_ms)
+                                request_timeout_ms=self._timeout_ms, connect_timeout_ms=self._timeout_ms,
+                                security=self.manager.security)
         await conn.connect()
         self._conn, self._address = conn, address
         return conn
@@ -386,7 +388,7 @@ class SourceFetcher:
                     conn = BrokerConnection(info.host, info.port, self.leader,
                                             client_id=f"oncelog-replica-{self.manager.node_id}-snapshots",
                                             request_timeout_ms=self._timeout_ms,
-                                            connect_timeout_ms=self._timeout_ms)
+                                            connect_timeout_ms=self._timeout_ms, security=self.manager.security)
                     await conn.connect()
                     self._snapshot_conn = conn
                 resp = await conn.call(ApiKey.FETCH_SNAPSHOT, {

@@ -29,6 +29,9 @@ def test_kafka_request_names():
 
 
 def test_broker_only_apis_need_cluster_action():
-    for key in (ApiKey.WRITE_TXN_MARKERS, ApiKey.CONTROLLED_SHUTDOWN, ApiKey.FETCH_SNAPSHOT):
+    for key in (ApiKey.CONTROLLED_SHUTDOWN, ApiKey.FETCH_SNAPSHOT):
         (check,) = RULES[key]
         assert (check.resource, check.operation.name) == (ResourceType.CLUSTER, "CLUSTER_ACTION")
+    # WriteTxnMarkers: Cluster ALTER first (an operator's kafka-transactions abort), else CLUSTER_ACTION
+    assert [(c.resource, c.operation.name) for c in RULES[ApiKey.WRITE_TXN_MARKERS]] == [
+        (ResourceType.CLUSTER, "ALTER"), (ResourceType.CLUSTER, "CLUSTER_ACTION")]

@@ -36,8 +36,8 @@ async def handle_describe_cluster(broker: BrokerServices, ctx: RequestContext, b
         brokers = [{"broker_id": broker.node_id, "host": host, "port": port, "rack": None}]
         controller_id = broker.node_id
     else:
-        brokers = [{"broker_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
-                   for _, b in sorted(cluster.image.brokers.items())]
+        brokers = [{"broker_id": node, "host": host, "port": port, "rack": rack}
+                   for node, host, port, rack in cluster.brokers_on(ctx.connection.listener)]
         controller_id = cluster.image.controller_id
     data = {
         "throttle_time_ms": 0, "error_code": 0, "error_message": None, "endpoint_type": 1,

@@ -27,7 +27,10 @@ async def handle_offsets_for_leader_epoch(broker: BrokerServices, ctx: RequestCo
     req = decode_request(ApiKey.OFFSET_FOR_LEADER_EPOCH, ctx.api_version, body)
     access = broker.partitions
     names = [t.topic for t in req.topics]
-    described = set(names) if ctx.authorized_cluster() else set(ctx.filter_authorized(ResourceType.TOPIC, names))
+    if ctx.authorized_cluster(log_denied=False):
+        described = set(names)
+    else:
+        described = set(ctx.filter_authorized(ResourceType.TOPIC, names))
     topics = []
     for t in req.topics:
         parts = []

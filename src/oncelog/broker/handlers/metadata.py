@@ -135,8 +135,8 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
         controller_id = broker.node_id
     else:
         image = cluster.image
-        brokers = [{"node_id": b.node_id, "host": b.host, "port": b.port, "rack": b.rack}
-                   for _, b in sorted(image.brokers.items())]
+        brokers = [{"node_id": node, "host": host, "port": port, "rack": rack}
+                   for node, host, port, rack in cluster.brokers_on(ctx.connection.listener)]
         controller_id = image.controller_id
     cluster_operations = UNKNOWN_AUTHORIZED_OPERATIONS
     if 8 <= version <= 10 and getattr(req, "include_cluster_authorized_operations", False):
@@ -158,7 +158,8 @@ def _may_create(ctx: RequestContext, broker: BrokerServices, name: str) -> bool:
     cluster = getattr(broker, "cluster", None)
     if ctx.authorizer is None or name in (broker.logs.topics if cluster is None else cluster.image.topics):
         return True
-    return ctx.authorized_cluster(AclOperation.CREATE) or ctx.authorized(ResourceType.TOPIC, name, AclOperation.CREATE)
+    return (ctx.authorized_cluster(AclOperation.CREATE, log_denied=False)
+            or ctx.authorized(ResourceType.TOPIC, name, AclOperation.CREATE))
 
 
 def _find_by_id(broker: BrokerServices, topic_id: Any) -> str | None:

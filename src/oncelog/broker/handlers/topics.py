@@ -110,7 +110,7 @@ def _creation_rights(ctx: RequestContext, req: Any) -> tuple[set[str], set[str]]
     for item in req.topics:
         counts[item.name] = counts.get(item.name, 0) + 1
     names = [name for name, count in counts.items() if count == 1]
-    if ctx.authorized_cluster(AclOperation.CREATE):
+    if ctx.authorized_cluster(AclOperation.CREATE, log_denied=False):
         creatable = set(names)
     else:
         creatable = set(ctx.filter_authorized(ResourceType.TOPIC, names, AclOperation.CREATE))
@@ -222,9 +222,11 @@ async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext,
 
 
 def _deletion_rights(ctx: RequestContext, names: list[str]) -> tuple[set[str], set[str]]:
-    """(describable, deletable) among `names`, ControllerApis.deleteTopics' two filters in its order: DESCRIBE, then
-    DELETE, each name once."""
+    """(describable, deletable) among `names`: Cluster DELETE covers them all (its denial unlogged); else
+    ControllerApis.deleteTopics' two filters in its order: DESCRIBE, then DELETE, each name once."""
     distinct = list(dict.fromkeys(names))
+    if ctx.authorized_cluster(AclOperation.DELETE, log_denied=False):
+        return set(distinct), set(distinct)  # Cluster DELETE: every topic is describable and deletable
     describable = set(ctx.filter_authorized(ResourceType.TOPIC, distinct, AclOperation.DESCRIBE))
     deletable = set(ctx.filter_authorized(ResourceType.TOPIC, distinct, AclOperation.DELETE))
     return describable, deletable

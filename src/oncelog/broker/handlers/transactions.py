@@ -18,7 +18,6 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
 from ...security.acls import AclOperation, ResourceType
-from ...security.api_acls import RULES
 from .common import now_ms
 
 if TYPE_CHECKING:
@@ -182,12 +181,9 @@ async def _verify_offsets_write(broker: BrokerServices, req: Any) -> ErrorCode:
 
 def _may_write_markers(ctx: RequestContext) -> bool:
     """Kafka asks Cluster ALTER first (an operator's KIP-664 abort of a hanging transaction, its denial unlogged),
-    then CLUSTER_ACTION (a transaction coordinator's markers). ALTER is asked only where the API's row in
-    security/api_acls.RULES has it."""
-    if any(c.resource == ResourceType.CLUSTER and c.operation == AclOperation.ALTER for c in RULES[ctx.api_key]) \
-            and ctx.authorized_cluster(AclOperation.ALTER):
-        return True
-    return ctx.authorized_cluster(AclOperation.CLUSTER_ACTION)
+    then CLUSTER_ACTION (a transaction coordinator's markers), as the API's row in security/api_acls.RULES says."""
+    return ctx.authorized_cluster(AclOperation.ALTER, log_denied=False) or \
+        ctx.authorized_cluster(AclOperation.CLUSTER_ACTION)
 
 
 async def handle_write_txn_markers(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:

@@ -95,7 +95,7 @@ class ImageLoader:
         except NoNodeError:
             return None
         v = znodes.load(data)
-        return BrokerInfo(node_id, str(v["host"]), int(v["port"]), v.get("rack"), stat.czxid)
+        return BrokerInfo(node_id, str(v["host"]), int(v["port"]), v.get("rack"), stat.czxid, znodes.endpoints_from(v))
 
     async def read_broker(self, node_id: int) -> None:
         """One registration; when it is gone, the image drops it and the facade is told (`broker_gone`)."""

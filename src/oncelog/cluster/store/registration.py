@@ -148,7 +148,8 @@ class BrokerRegistration:
             await asyncio.sleep(min(0.2, max(0.01, deadline - now)))
         self.broker_epoch = stat.czxid
         self._registered_session = session.session_id
-        self.image.apply_broker(BrokerInfo(reg.node_id, reg.host, reg.port, reg.rack, stat.czxid))
+        self.image.apply_broker(BrokerInfo(reg.node_id, reg.host, reg.port, reg.rack, stat.czxid,
+                                           znodes.endpoints_from(reg.extra)))
         log.info("registered node.id %d at %s:%d, broker epoch %d", reg.node_id, reg.host, reg.port, stat.czxid)
         await self._read_broker(reg.node_id)          # arms the watch on our own registration
         return stat.czxid

@@ -117,3 +117,14 @@ def deletion_from(name: str, data: bytes, stat: Stat) -> TopicDeletion:
 
 def as_assignment(value: PartitionAssignment | Sequence[int]) -> PartitionAssignment:
     return value if isinstance(value, PartitionAssignment) else PartitionAssignment(tuple(value))
+
+
+def endpoints_from(value: Mapping[str, Any]) -> tuple[tuple[str, str, int], ...]:
+    """A broker znode's `endpoints` ("NAME://host:port" each, Kafka's layout) as (name, host, port) tuples."""
+    out = []
+    for item in value.get("endpoints") or ():
+        name, sep, address = str(item).partition("://")
+        host, _, port = address.rpartition(":")
+        if sep and port.isdigit():
+            out.append((name.upper(), host.strip("[]"), int(port)))
+    return tuple(out)
