@@ -282,3 +282,23 @@ def test_reauthentication_keeps_a_long_lived_connection_and_an_expired_one_is_cl
             assert _closed(w)
     finally:
         b.stop()
+
+
+def test_large_fetches_over_tls_arrive_whole(broker):
+    """Fetch answers above 64 KiB over TLS are read from the segment files in chunks (not through asyncio's
+    sendfile fallback): every record arrives, in order, byte for byte."""
+    conf = broker.client_config("SSL")
+    producer = Producer({**conf, "linger.ms": 20, "batch.size": 262144})
+    values = [(b"%06d" % i) * 170 for i in range(3000)]  # about 1 KiB each, 3 MB in all
+    for value in values:
+        producer.produce("tls-large", value, partition=0)
+    assert producer.flush(60) == 0
+    consumer = Consumer({**conf, "group.id": "tls-large", "auto.offset.reset": "earliest",
+                         "fetch.max.bytes": 4194304, "max.partition.fetch.bytes": 4194304})
+    consumer.subscribe(["tls-large"])
+    got: list[bytes] = []
+    deadline = time.monotonic() + 60
+    while len(got) < len(values) and time.monotonic() < deadline:
+        got += [m.value() for m in consumer.consume(1000, timeout=0.5) if m.error() is None]
+    consumer.close()
+    assert got == values

@@ -31,6 +31,7 @@ log = logging.getLogger("oncelog.connection")
 _SIZE = struct.Struct(">i")
 _RECV_BUFFER = 256 * 1024
 _SMALL_SEND = 64 * 1024
+_TLS_CHUNK = 1024 * 1024  # bytes read at a time for a TLS connection's fetch answer
 _CLOSE = object()  # a place in the response queue where the connection ends
 
 
@@ -61,6 +62,7 @@ class Connection(asyncio.BufferedProtocol):
         self.listener = listener
         self.principal = ANONYMOUS
         self.authenticator: Authenticator | None = listener.new_authenticator() if listener is not None else None
+        self._tls = listener is not None and listener.ssl_context is not None
         self._auth_timer: asyncio.TimerHandle | None = None
         self._buf = bytearray(_RECV_BUFFER)
         self._view = memoryview(self._buf)
@@ -254,7 +256,29 @@ class Connection(asyncio.BufferedProtocol):
         assert transport is not None
         try:
             total_files = sum(p.size for p in pieces if isinstance(p, FileRegion))
-            if total_files <= _SMALL_SEND:
+            if self._tls and total_files > _SMALL_SEND:
+                # TLS encrypts in the loop anyway, so sendfile has nothing to save: asyncio's fallback would read
+                # each 256 KiB through a thread. Read straight from the page cache and let the transport's
+                # flow control pace us.
+                for piece in pieces:
+                    if self.closed or transport.is_closing():
+                        return
+                    if isinstance(piece, FileRegion):
+                        position, end = piece.position, piece.position + piece.size
+                        while position < end:
+                            chunk = os.pread(piece.fd, min(_TLS_CHUNK, end - position), position)
+                            if not chunk:  # the file ended early: the frame's size is a promise we cannot keep
+                                self.close()
+                                return
+                            position += len(chunk)
+                            transport.write(chunk)
+                            if not self._can_write.is_set():
+                                await self._can_write.wait()
+                                if self.closed or transport.is_closing():
+                                    return
+                    else:
+                        transport.write(piece)
+            elif total_files <= _SMALL_SEND:
                 out = []
                 for piece in pieces:
                     if isinstance(piece, FileRegion):
