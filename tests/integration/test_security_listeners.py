@@ -91,7 +91,7 @@ def refused(conf: dict) -> list[KafkaError]:
     """Produce one record that must not arrive: its delivery error, and what error_cb saw meanwhile."""
     errors: list[KafkaError] = []
     delivered: list[KafkaError | None] = []
-    producer = Producer({**conf, "error_cb": errors.append, "message.timeout.ms": 3000})
+    producer = Producer({**conf, "error_cb": errors.append, "message.timeout.ms": 1500})
     producer.produce("never", b"x", on_delivery=lambda e, m: delivered.append(e))
     producer.flush(10)
     assert len(delivered) == 1 and delivered[0] is not None and delivered[0].code() == KafkaError._MSG_TIMED_OUT
@@ -119,8 +119,13 @@ def test_kafka_python_over_ssl_and_scram(broker, tls):
     producer.close()
     consumer = KafkaConsumer("kp-scram", **{**common, "bootstrap_servers": broker.bootstrap_for("SSL"),
                                             "security_protocol": "SSL"},
-                             auto_offset_reset="earliest", consumer_timeout_ms=10000)
-    assert sorted(m.value for m in consumer) == sorted(f"m{i}".encode() for i in range(10))
+                             auto_offset_reset="earliest", consumer_timeout_ms=30000)
+    got = []
+    for message in consumer:  # stops at the tenth record (or after 30 s without one)
+        got.append(message.value)
+        if len(got) == 10:
+            break
+    assert sorted(got) == sorted(f"m{i}".encode() for i in range(10))
     consumer.close()
 
 

@@ -64,7 +64,7 @@ def producer_with(broker, tok: str) -> tuple[list, list]:
     conf = {"bootstrap.servers": broker.listener("SASL_SSL"), "security.protocol": "SASL_SSL",
             "ssl.ca.location": str(broker.tls.ca_pem), "sasl.mechanism": "OAUTHBEARER",
             "oauth_cb": lambda _config: (tok, time.time() + 300), "error_cb": errors.append,
-            "message.timeout.ms": 4000}
+            "message.timeout.ms": 2000}
     producer = Producer(conf)
     producer.produce("oauth", b"v", on_delivery=lambda e, m: delivered.append(e))
     producer.flush(10)
