@@ -472,11 +472,13 @@ class ClusterMode:
         self.spawn(create())
 
     async def via_controller(self, api_key: int, version: int, body: memoryview, client_id: str | None,
-                             deadline: float, run_here: Callable[[], Awaitable[dict[str, Any]]]) -> Routed:
+                             deadline: float, run_here: Callable[[], Awaitable[dict[str, Any]]],
+                             on_behalf: tuple[str, str] | None = None) -> Routed:
         """Carry out an admin request on the controller (docs/cluster.md §5.2): `run_here()` with this broker's
         controller when it is active (or when the request was forwarded here by another broker: it then answers
         NOT_CONTROLLER rather than forward again), else the same request forwarded to the controller the image
-        names, again with the next one if the controller changes. Raises ControllerUnavailable at `deadline`."""
+        names, again with the next one if the controller changes, for `on_behalf` (the client's principal and
+        host, which the controller decides it as). Raises ControllerUnavailable at `deadline`."""
         assert self.controller is not None and self.inter_broker is not None
         loop = asyncio.get_running_loop()
         forwarded = is_forwarded(client_id)
@@ -486,7 +488,7 @@ class ClusterMode:
                 if forwarded or ErrorCode.NOT_CONTROLLER not in set(dict_error_codes(data)):
                     return Routed(data, None, None)
             try:
-                raw, decoded = await self.inter_broker.to_controller(api_key, version, body, deadline)
+                raw, decoded = await self.inter_broker.to_controller(api_key, version, body, deadline, on_behalf)
                 return Routed(None, raw, decoded)
             except ControllerIsHere:
                 if self.controller.is_active:

@@ -9,6 +9,7 @@ satisfy them structurally. A cluster-mode broker offers the same members.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from ..errors import ErrorCode
 from ..security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType
 from ..security.api_acls import CLUSTER_NAME, check_for, request_name
+from ..security.forwarding import forwarded_for
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
@@ -69,7 +71,33 @@ class RequestContext:
 
     @property
     def principal(self) -> str:
-        return getattr(self.connection, "principal", "User:ANONYMOUS")
+        """Who is calling: the connection's principal, or, for an admin request a broker forwarded, the client's
+        it was forwarded for (`on_behalf`)."""
+        on_behalf = self.on_behalf
+        return on_behalf[0] if on_behalf is not None else getattr(self.connection, "principal", "User:ANONYMOUS")
+
+    @property
+    def host(self) -> str:
+        """Where the caller connected from (for a forwarded request: where its client did)."""
+        on_behalf = self.on_behalf
+        return on_behalf[1] if on_behalf is not None else self.connection.client_host
+
+    @functools.cached_property
+    def on_behalf(self) -> tuple[str, str] | None:
+        """(principal, host) of the client a broker forwarded this request for (security/forwarding.py), believed
+        only with an authorizer on and from a connection whose own principal may CLUSTER_ACTION on the cluster
+        (a broker), as Kafka's controller checks an Envelope's sender; otherwise None."""
+        if self.authorizer is None:
+            return None
+        claimed = forwarded_for(self.client_id)
+        if claimed is None:
+            return None
+        sender = getattr(self.connection, "principal", "User:ANONYMOUS")
+        if not self.authorizer.authorize(sender, self.connection.client_host, AclOperation.CLUSTER_ACTION,
+                                         ResourceType.CLUSTER, CLUSTER_NAME, request_name=request_name(self.api_key),
+                                         log_if_allowed=False):
+            return None
+        return claimed
 
     def authorized(self, resource: ResourceType, name: str, operation: AclOperation | None = None, *,
                    log_denied: bool = True) -> bool:
@@ -79,7 +107,7 @@ class RequestContext:
         if self.authorizer is None:
             return True
         check = check_for(self.api_key, resource, operation)
-        return self.authorizer.authorize(self.principal, self.connection.client_host, check.operation, resource,
+        return self.authorizer.authorize(self.principal, self.host, check.operation, resource,
                                          name, request_name=request_name(self.api_key), log_if_denied=log_denied)
 
     def filter_authorized(self, resource: ResourceType, names: Iterable[str],
@@ -89,7 +117,7 @@ class RequestContext:
         if self.authorizer is None:
             return names
         check = check_for(self.api_key, resource, operation)
-        return self.authorizer.filter(self.principal, self.connection.client_host, check.operation, resource,
+        return self.authorizer.filter(self.principal, self.host, check.operation, resource,
                                       names, request_name=request_name(self.api_key), log_if_denied=log_denied)
 
     def authorized_any(self, resource: ResourceType, operation: AclOperation | None = None) -> bool:
@@ -97,7 +125,7 @@ class RequestContext:
         if self.authorizer is None:
             return True
         check = check_for(self.api_key, resource, operation)
-        return self.authorizer.authorize_any(self.principal, self.connection.client_host, check.operation, resource,
+        return self.authorizer.authorize_any(self.principal, self.host, check.operation, resource,
                                              request_name=request_name(self.api_key))
 
     def authorized_cluster(self, operation: AclOperation | None = None, *, log_denied: bool = True) -> bool:
@@ -110,7 +138,7 @@ class RequestContext:
         supported = sorted(SUPPORTED_OPERATIONS[resource])
         if self.authorizer is not None:
             supported = [op for op in supported
-                         if self.authorizer.authorize(self.principal, self.connection.client_host, op, resource, name,
+                         if self.authorizer.authorize(self.principal, self.host, op, resource, name,
                                                       request_name=request_name(self.api_key),
                                                       log_if_allowed=False, log_if_denied=False)]
         return {int(op) for op in supported}

@@ -377,13 +377,16 @@ class BrokerConnection:
         *,
         timeout: float | None = None,
         expect_response: bool = True,
+        client_id: str | None = None,
         _auth: bool = False,
     ) -> memoryview | None:
         """Send one request; the response body (header stripped) as a memoryview, or None without response.
 
         `body` is bytes or a list of pieces (as `encode_produce_request` returns). `timeout` is in
         seconds (default request.timeout.ms); when it passes, the connection is closed and every
-        request in flight fails. Cancelling the awaiting task does not unsend the request.
+        request in flight fails. Cancelling the awaiting task does not unsend the request. `client_id`
+        replaces the connection's in this request's header (a broker forwarding an admin request names the
+        client it forwards for there: security/forwarding.py).
         """
         if self._auth_gate is not None and not _auth:
             await self._auth_gate.wait()  # re-authentication in progress
@@ -392,7 +395,7 @@ class BrokerConnection:
             raise self._close_reason or NetworkError(f"connection to {self.address} is closed")
         correlation_id = self._next_correlation
         self._next_correlation = (correlation_id + 1) & 0x7FFFFFFF
-        header = codecs.encode_request_header(api_key, version, correlation_id, self.client_id)
+        header = codecs.encode_request_header(api_key, version, correlation_id, client_id or self.client_id)
         pieces = [body] if isinstance(body, (bytes, bytearray, memoryview)) else list(body)
         size = len(header) + sum(p.nbytes if isinstance(p, memoryview) else len(p) for p in pieces)
         loop = asyncio.get_running_loop()

@@ -4,11 +4,12 @@ and single requests to a named broker (transaction markers, transaction verifica
 Admin requests that change metadata (CreateTopics, DeleteTopics, CreatePartitions, IncrementalAlterConfigs,
 AlterPartitionReassignments, ElectLeaders) are carried out by the controller (docs/cluster.md §5.2). A broker that
 receives one and is not the controller sends the same request, byte for byte, to the broker the metadata image
-names as controller, over an oncelog client connection, with a client id that marks it as forwarded: the receiver
-executes it if it is the controller and answers NOT_CONTROLLER otherwise, never forwarding it again, so two brokers
-with views a watch apart cannot bounce a request between them. While there is no controller, or the one named
-answers NOT_CONTROLLER or cannot be reached, the request waits for the image to name another (or for a short
-backoff) and goes again, until its deadline.
+names as controller, over an oncelog client connection, with a client id that marks it as forwarded and names the
+client it is forwarded for (security/forwarding.py: with ACLs on, the controller decides it as that client's):
+the receiver executes it if it is the controller and answers NOT_CONTROLLER otherwise, never forwarding it again,
+so two brokers with views a watch apart cannot bounce a request between them. While there is no controller, or
+the one named answers NOT_CONTROLLER or cannot be reached, the request waits for the image to name another (or for
+a short backoff) and goes again, until its deadline.
 
 ControlledShutdown (API 7, v3) goes the same way with this broker's id and broker epoch.
 
@@ -28,6 +29,8 @@ from ..client.errors import KafkaError as ClientError
 from ..errors import ErrorCode
 from ..protocol import client_codecs as codecs
 from ..protocol.apis import ApiKey
+from ..security.forwarding import FORWARDED_CLIENT_ID_PREFIX, forwarded_client_id
+from ..security.forwarding import is_forwarded as is_forwarded
 from .metadata_image import NO_CONTROLLER
 
 if TYPE_CHECKING:
@@ -36,14 +39,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FORWARDED_CLIENT_ID_PREFIX = "oncelog-forwarded-by-"
 CONTROLLED_SHUTDOWN_VERSION = 3
 RETRY_BACKOFF_S = 0.2  # between attempts when the controller answered NOT_CONTROLLER and the image named no other
-
-
-def is_forwarded(client_id: str | None) -> bool:
-    """Whether a request came from another broker forwarding it (it is then never forwarded again)."""
-    return client_id is not None and client_id.startswith(FORWARDED_CLIENT_ID_PREFIX)
 
 
 def error_codes(value: Any) -> Iterator[int]:
@@ -144,13 +141,15 @@ class InterBroker:
         except TimeoutError:
             pass
 
-    async def to_controller(self, api_key: int, version: int, body: bytes | memoryview, deadline: float
-                            ) -> tuple[bytes, Any]:
+    async def to_controller(self, api_key: int, version: int, body: bytes | memoryview, deadline: float,
+                            on_behalf: tuple[str, str] | None = None) -> tuple[bytes, Any]:
         """Send a request to the controller and return (response body, decoded response), retrying with the next
-        controller until one executes it. Raises ControllerUnavailable at `deadline` (loop time), and
-        ControllerIsHere when the image names this broker."""
+        controller until one executes it. `on_behalf`: the (principal, host) of the client it is forwarded for.
+        Raises ControllerUnavailable at `deadline` (loop time), and ControllerIsHere when the image names this
+        broker."""
         loop = asyncio.get_running_loop()
         payload = bytes(body)
+        client_id = forwarded_client_id(self.node_id, on_behalf)
         last: str = "no controller elected"
         while not self._closed:
             remaining = deadline - loop.time()
@@ -164,7 +163,7 @@ class InterBroker:
             if controller == self.node_id:
                 raise ControllerIsHere()
             try:
-                frame = await self._exchange(controller, api_key, version, payload, remaining)
+                frame = await self._exchange(controller, api_key, version, payload, remaining, client_id)
                 assert frame is not None
                 response_body = bytes(frame)
                 decoded = codecs.decode_response(api_key, version, response_body)
@@ -184,7 +183,7 @@ class InterBroker:
         raise ControllerUnavailable(last)
 
     async def _exchange(self, controller: int, api_key: int, version: int, payload: bytes,
-                        timeout_s: float) -> memoryview | None:
+                        timeout_s: float, client_id: str | None = None) -> memoryview | None:
         """Connect to `controller` if needed, send the request and return the response; given up as soon as the
         image names another controller or none. A paused controller that lost its seat would otherwise hold the
         request to its deadline (its kernel accepts the connection; nothing answers, not even ApiVersions) while
@@ -203,7 +202,7 @@ class InterBroker:
             opened.append(conn)
             if self.image.controller_id != controller:            # replaced while the connection was opened
                 raise ClientError(f"controller {controller} was replaced before the request went")
-            return await conn.request(api_key, version, payload, timeout=max(timeout_s, 0.001))
+            return await conn.request(api_key, version, payload, timeout=max(timeout_s, 0.001), client_id=client_id)
 
         self.image.subscribe(on_delta)
         task = asyncio.ensure_future(exchange())

@@ -3,7 +3,8 @@
 CreateTopics, DeleteTopics, CreatePartitions, IncrementalAlterConfigs (topics), AlterPartitionReassignments and
 ElectLeaders change cluster metadata, which only the controller writes (docs/cluster.md §5.2). Their handlers
 build the answer with `run_here` when this broker's controller is active; otherwise the request goes, unchanged, to
-the controller (ClusterMode.via_controller), and this broker answers with the controller's response once its own
+the controller (ClusterMode.via_controller) on behalf of the client (security/forwarding.py: with ACLs on, the
+controller decides it as the client's), and this broker answers with the controller's response once its own
 metadata image shows the change (`settled`), so a client's next Metadata request to this broker sees it. A request
 no controller took before the deadline is answered REQUEST_TIMED_OUT by `failed`.
 """
@@ -41,7 +42,7 @@ async def answer(
     deadline = loop.time() + max(timeout_ms if timeout_ms > 0 else DEFAULT_TIMEOUT_MS, 1) / 1000
     try:
         routed = await cluster.via_controller(ctx.api_key, ctx.api_version, body, ctx.client_id, deadline,
-                                              run_here)
+                                              run_here, on_behalf=(ctx.principal, ctx.host))
     except ControllerUnavailable as exc:
         return encode_response(ctx.api_key, ctx.api_version,
                                failed(ErrorCode.REQUEST_TIMED_OUT, f"No controller took the request: {exc}"))
