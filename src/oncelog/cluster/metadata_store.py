@@ -10,11 +10,14 @@ used, by delegation:
   controller seat (an ephemeral /controller created together with the increment of /controller_epoch);
 - store/writes.py: every write the controller and partition leaders make, compare-and-set on znode versions and,
   for the controller, behind its epoch check in the same multi-op, so a deposed controller's writes fail as a unit;
-- store/loader.py: the reads and watches that feed the `MetadataImage`, and the debug reads.
+- store/loader.py: the reads and watches that feed the `MetadataImage`, and the debug reads;
+- store/acls.py, store/credentials.py, store/quotas.py (over store/entity_configs.py, with store/notifications.py):
+  the ACLs, SCRAM credentials and client quotas every broker shares (docs/security.md §8 step 6), started by
+  `start_security` before the broker serves.
 
 What crosses rooms is decided here: what a change of session means (after a new session, register again, then read
-everything, then announce CONNECTED, in that order), and that this broker's own registration seen removed is
-registered again. The rooms import neither this module nor each other beyond the session.
+everything, the security stores included, then announce CONNECTED, in that order), and that this broker's own
+registration seen removed is registered again. The rooms import neither this module nor each other beyond the session.
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .connect import parse_connect
 from .metadata_image import MetadataImage, PartitionAssignment, PartitionState, TopicInfo
 from .store import znodes
+from .store.acls import ZkAclStore
+from .store.credentials import ZkCredentialStore
+from .store.entity_configs import EntityConfigs
 from .store.errors import (  # noqa: F401 - callers import these names from here
     CONNECTED,
     LOST,
@@ -41,6 +48,7 @@ from .store.errors import (  # noqa: F401 - callers import these names from here
     UnknownTopic,
 )
 from .store.loader import ImageLoader
+from .store.quotas import ZkQuotaStore
 from .store.registration import BrokerRegistration, ControllerSeat
 from .store.session import Build, SessionHooks, StoreSession
 from .store.writes import MetadataWrites
@@ -62,6 +70,23 @@ from .store.znodes import (  # noqa: F401 - callers import these names from here
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class SecurityStores:
+    """The stores a cluster broker's security keeps in ZooKeeper (`MetadataStore.start_security`): ACLs (None
+    without an authorizer), SCRAM credentials and client quotas (both over the users' and client ids' config
+    entities)."""
+
+    acls: ZkAclStore | None
+    credentials: ZkCredentialStore
+    quotas: ZkQuotaStore
+    configs: EntityConfigs
+
+    async def resync(self) -> None:
+        await self.configs.resync()
+        if self.acls is not None:
+            await self.acls.resync()
 
 
 class MetadataStore:
@@ -89,6 +114,7 @@ class MetadataStore:
         # Topics whose znode says `creating` (created in steps by a controller, not visible yet): the loader's
         # reads and the writes both keep it.
         self.pending_creations: set[str] = set()
+        self.security: SecurityStores | None = None      # once start_security has read them
         hooks = SessionHooks(main_lost=self._main_session_lost, main_replaced=self._main_session_replaced,
                              resync=self._resync, seat_lost=self._seat_session_lost,
                              seat_replaced=self._seat_session_replaced)
@@ -132,6 +158,19 @@ class MetadataStore:
         self.session.start_lease()
         log.info("metadata store connected to %s%s, cluster id %s", self.servers, self.root, self.cluster_id)
 
+    async def start_security(self, acls: bool) -> SecurityStores:
+        """After `start`: read the ACLs (with `acls`: the broker has an authorizer), SCRAM credentials and client
+        quotas, creating their layout where it is missing, and follow their change notifications; they are read
+        again after every reconnection. A broker calls this before it serves, so its first request sees them all."""
+        configs = EntityConfigs(self.session)
+        await configs.start()
+        acl_store = None
+        if acls:
+            acl_store = ZkAclStore(self.session)
+            await acl_store.start()
+        self.security = SecurityStores(acl_store, ZkCredentialStore(configs), ZkQuotaStore(configs), configs)
+        return self.security
+
     async def close(self) -> None:
         """End the sessions (ephemeral znodes go at once) and stop kazoo's threads."""
         await self.session.close()
@@ -158,6 +197,8 @@ class MetadataStore:
             try:
                 await self.registration.renew_after_new_session()
                 await self.loader.full_read()
+                if self.security is not None:
+                    await self.security.resync()
                 self.session.set_state(CONNECTED)
                 return
             except asyncio.CancelledError:

@@ -1,6 +1,8 @@
 """The arrows between the rooms of cluster metadata (docs/metadata-store.md): metadata_store -> registration,
 writes, loader -> session -> errors, every room -> znodes; no room imports the facade, and the rooms that do the
-work do not import each other. Checked on the source, so a new room or a new import is held to it."""
+work do not import each other, except issue 23's: acls and entity_configs -> notifications (the change
+notifications they write and follow), credentials and quotas -> entity_configs (the config entities they are
+keys of). Checked on the source, so a new room or a new import is held to it."""
 
 from __future__ import annotations
 
@@ -20,6 +22,11 @@ ALLOWED = {
     "registration": {"errors", "znodes", "session"},
     "writes": {"errors", "znodes", "session"},
     "loader": {"errors", "znodes", "session"},
+    "notifications": {"errors", "znodes", "session"},
+    "acls": {"errors", "znodes", "session", "notifications"},
+    "entity_configs": {"errors", "znodes", "session", "notifications"},
+    "credentials": {"errors", "znodes", "entity_configs", "notifications"},
+    "quotas": {"znodes", "entity_configs"},
 }
 
 

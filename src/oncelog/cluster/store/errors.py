@@ -36,3 +36,10 @@ class BrokerIdInUse(StoreError):
 class RequestTooLarge(StoreError):
     """A multi-op larger than ZooKeeper accepts in one request (jute.maxbuffer, 1 MB by default): ZooKeeper
     would drop the connection instead of answering. Sent in smaller steps where that is safe, refused otherwise."""
+
+
+class NotStored(OSError):
+    """An ACL, credential or quota change that did not reach ZooKeeper (no session, a request that timed out, a
+    compare-and-set lost too many times in a row). An OSError, as the security stores' protocols say a failed
+    store is (security/acl_store.py, credentials.py, quotas.py): the request answers UNKNOWN_SERVER_ERROR. After a
+    timeout the change may still have been made; its notification then tells every broker."""
