@@ -6,7 +6,8 @@ while this broker holds /controller), the `ReplicaManager` with its fetchers beh
 the inter-broker connections, and producer ids reserved on ZooKeeper. Its order of work:
 
 start:  store (its two sessions: the broker's, and the shorter one that holds the controller seat; retried while
-        ZooKeeper is unreachable) -> the data directory under ZooKeeper's cluster id ->
+        ZooKeeper is unreachable) -> ACLs, SCRAM credentials and client quotas read from ZooKeeper and handed to
+        the broker's security -> the data directory under ZooKeeper's cluster id ->
         replica manager wired into the flusher -> [the broker listens] -> registration (BrokerIdInUse: the broker
         exits non-zero) -> replicas opened and roles taken from the image -> controller -> producer ids.
 stop:   controlled shutdown through the controller (leaderships move first, so clients see leader changes, not
@@ -53,6 +54,7 @@ if TYPE_CHECKING:
     from .context import CoordinatorNode
     from .delayed import PartitionWatchers
     from .partition_access import PartitionAccess
+    from .security_layer import BrokerSecurity
 
 log = logging.getLogger("oncelog.cluster")
 
@@ -65,6 +67,7 @@ class ClusterHost(Protocol):
     config: BrokerConfig
     node_id: int
     data_dir: Path
+    security: BrokerSecurity
     logs: LogManager
     flusher: GroupCommitFlusher
     watchers: PartitionWatchers
@@ -135,13 +138,18 @@ class ClusterMode:
 
     # -- start -------------------------------------------------------------------------------------------------
     async def connect(self) -> str:
-        """Open the ZooKeeper session and read the whole image; returns the cluster id. Before storage opens."""
+        """Open the ZooKeeper session, read the whole image, and the ACLs, SCRAM credentials and client quotas every
+        broker shares (docs/security.md §8 step 6); returns the cluster id. Before storage opens and the broker
+        listens, so its first request sees every ACL."""
         loop = asyncio.get_running_loop()
         self.store = MetadataStore(self.config["oncelog.coordination.connect"],
                                    self.config["oncelog.coordination.session.timeout.ms"], loop, self.image,
                                    controller_session_timeout_ms=self.config["oncelog.controller.session.timeout.ms"])
         try:
             await self.store.start(self.config["oncelog.coordination.connection.timeout.ms"] / 1000)
+            security = self.broker.security
+            stores = await self.store.start_security(acls=security.authorizer is not None)
+            security.use_cluster_stores(stores.acls, stores.credentials, stores.quotas)
         except StoreUnavailable as exc:
             raise ClusterStartError(f"coordination service unreachable: {exc}") from None
         return self.store.cluster_id

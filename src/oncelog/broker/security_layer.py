@@ -1,5 +1,6 @@
 """The broker's security, built once at start from its config: the listeners with their TLS contexts and SASL
-mechanisms, the SCRAM credential store, and (later steps) the authorizer.
+mechanisms, the authorizer, and the stores of SCRAM credentials, ACLs and client quotas (the single node's files
+here; a cluster broker's are in ZooKeeper, handed over by cluster mode with `use_cluster_stores` before it serves).
 
 Everything that can be wrong in a security setting (a key store that does not load, a mechanism oncelog does not
 offer, a JAAS config without users) is found here, before any log is opened, and ends the start with the key's
@@ -17,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from ..config import BrokerConfig
-from ..security.acl_store import AclStoreError, LocalAclStore
+from ..security.acl_store import AclStore, AclStoreError, LocalAclStore
 from ..security.authorizer import Authorizer, parse_super_users
-from ..security.credentials import LocalCredentialStore
+from ..security.credentials import CredentialStore, LocalCredentialStore, ScramCredential
 from ..security.jaas import PLAIN_MODULE, SCRAM_MODULE, JaasError, parse_jaas
 from ..security.listeners import (
     ListenerError,
@@ -32,6 +33,7 @@ from ..security.quotas import (
     ClientQuotaManagers,
     ConnectionQuotas,
     LocalQuotaStore,
+    QuotaStore,
     QuotaStoreError,
     parse_ip_overrides,
 )
@@ -94,8 +96,21 @@ def _resolved_overrides(text: str) -> dict[str, int]:
     return overrides
 
 
+class _NotLoadedYet:
+    """A cluster broker's credential store until cluster mode hands over ZooKeeper's (before the broker serves)."""
+
+    def get(self, user: str, mechanism: str) -> ScramCredential | None:
+        return None
+
+    def describe(self) -> dict[str, list[ScramCredential]]:
+        return {}
+
+    def alter(self, upserts: Any, deletions: Any) -> None:
+        raise OSError("the credentials are not loaded from ZooKeeper yet")
+
+
 class BrokerSecurity:
-    """The listeners and the stores security keeps (credentials now; ACLs and quotas as their steps land)."""
+    """The listeners, the authorizer and the stores security keeps: SCRAM credentials, ACLs, client quotas."""
 
     def __init__(self, config: BrokerConfig, data_dir: Path, listen: tuple[str, int] | None) -> None:
         values = config.values
@@ -106,41 +121,42 @@ class BrokerSecurity:
         except ListenerError as exc:
             raise SecurityConfigError(str(exc)) from None
         self.jwks: list[Any] = []  # the OAUTHBEARER listeners' key sets (sasl/oauthbearer.JwksKeys)
-        self.credentials = LocalCredentialStore(data_dir / "__oncelog_meta" / "scram-credentials.json")
+        cluster = bool(values["oncelog.coordination.connect"])
+        self.credentials: CredentialStore = (
+            _NotLoadedYet() if cluster else LocalCredentialStore(data_dir / "__oncelog_meta" / "scram-credentials.json"))
         self.listeners = [self._runtime(spec, values) for spec in specs]
-        self.cluster = bool(values["oncelog.coordination.connect"])
+        self.cluster = cluster
         # The client side of the inter-broker listener: only a cluster broker connects to other brokers.
         self.inter_broker_security = None
         if self.cluster:
-            self._refuse_what_a_cluster_cannot_keep_yet()
             self.inter_broker_security = self.inter_broker_client()
         self.authorizer: Authorizer | None = None
-        self.acl_store: LocalAclStore | None = None
+        self.acl_store: AclStore | None = None
         authorizer_class = values["authorizer.class.name"]
         if authorizer_class:
             if authorizer_class not in AUTHORIZER_CLASSES:
                 raise SecurityConfigError(f"authorizer.class.name {authorizer_class}: oncelog's authorizer has the "
                                           f"semantics of {' or '.join(AUTHORIZER_CLASSES)}; name one of them")
-            if values["oncelog.coordination.connect"]:
-                raise SecurityConfigError("authorizer.class.name on a cluster broker: its ACLs must be kept in "
-                                          "ZooKeeper for every broker (docs/security.md §8 step 6)")
             self.authorizer = Authorizer(parse_super_users(values["super.users"]),
                                          values["allow.everyone.if.no.acl.found"])
+        if self.authorizer is not None and not cluster:
             try:
-                self.acl_store = LocalAclStore(data_dir / "__oncelog_meta" / "acls.json")
-                self.authorizer.update(self.acl_store.load())
+                local_acls = LocalAclStore(data_dir / "__oncelog_meta" / "acls.json")
+                self.authorizer.update(local_acls.load())
             except AclStoreError as exc:
                 raise SecurityConfigError(str(exc)) from None
-            self.acl_store.set_listener(self.authorizer.update)
+            local_acls.set_listener(self.authorizer.update)
+            self.acl_store = local_acls
         # Client quotas (KIP-13/124/546): the store (AlterClientQuotas writes it, its listener hands every change
         # to the quota managers Produce and Fetch enforce with) and the connection limits of the accept path.
         self.quota_manager = ClientQuotaManagers(values["quota.window.num"], values["quota.window.size.seconds"])
-        self.quotas: LocalQuotaStore | None = None
+        self.quotas: QuotaStore | None = None
         quota_file = data_dir / "__oncelog_meta" / "quotas.json"
-        if values["oncelog.coordination.connect"]:
-            if quota_file.exists():
-                log.warning("%s is not read by a cluster broker: a cluster's client quotas are to be kept in "
-                            "ZooKeeper (docs/security.md §8 step 6); no client quota is enforced", quota_file)
+        if cluster:
+            for name in ("scram-credentials.json", "acls.json", "quotas.json"):
+                if (data_dir / "__oncelog_meta" / name).exists():
+                    log.warning("%s is not read by a cluster broker: a cluster keeps its SCRAM credentials, ACLs "
+                                "and client quotas in ZooKeeper", data_dir / "__oncelog_meta" / name)
         else:
             try:
                 self.quotas = LocalQuotaStore(quota_file)
@@ -151,6 +167,19 @@ class BrokerSecurity:
         self.connection_quotas = ConnectionQuotas(
             values["max.connections.per.ip"], _resolved_overrides(values["max.connections.per.ip.overrides"]),
             values["max.connection.creation.rate"], values["quota.window.num"], values["quota.window.size.seconds"])
+
+    def use_cluster_stores(self, acls: AclStore | None, credentials: CredentialStore, quotas: QuotaStore) -> None:
+        """A cluster broker's stores, read from ZooKeeper (cluster/store/) before it serves: from now on the
+        authorizer and the quota managers follow them, every broker's changes included."""
+        self.credentials = credentials
+        if self.authorizer is not None:
+            assert acls is not None
+            self.authorizer.update(acls.load())
+            acls.set_listener(self.authorizer.update)
+            self.acl_store = acls
+        self.quota_manager.update(quotas.load())
+        quotas.set_listener(self.quota_manager.update)
+        self.quotas = quotas
 
     @property
     def inter_broker_listener(self) -> ListenerRuntime:
@@ -210,17 +239,6 @@ class BrokerSecurity:
     @property
     def secured(self) -> bool:
         return any(lst.spec.protocol != "PLAINTEXT" for lst in self.listeners)
-
-    def _refuse_what_a_cluster_cannot_keep_yet(self) -> None:
-        """SCRAM credentials, ACLs and quotas are kept in this broker's data directory; a cluster must keep them
-        in ZooKeeper for every broker (docs/security.md §8 step 6), so until then a cluster broker refuses them
-        at start rather than letting each broker hold its own."""
-        for listener in self.listeners:
-            scram = [m for m in listener.mechanisms if m.startswith("SCRAM")]
-            if scram:
-                raise SecurityConfigError(f"{', '.join(scram)} on listener {listener.name} of a cluster broker: "
-                                          "SCRAM credentials are not yet kept in ZooKeeper; use PLAIN, OAUTHBEARER "
-                                          "or mutual TLS")
 
     def _runtime(self, spec: ListenerSpec, values: Mapping[str, Any]) -> ListenerRuntime:
         settings = ListenerSettings(spec, values)

@@ -24,7 +24,6 @@ from ..coordinator.group import GroupCoordinator
 from ..coordinator.txn.coordinator import TransactionCoordinator
 from ..coordinator.txn.producer_ids import ProducerIdManager
 from ..errors import ErrorCode
-from ..protocol.apis import ApiKey
 from ..security.quotas import normal_ip
 from ..storage.cleaner.manager import LogCleaner
 from ..storage.flusher import GroupCommitFlusher
@@ -121,14 +120,7 @@ class Broker:
         # Cluster mode: markers for other brokers' partitions and KIP-890 questions to other brokers' coordinators.
         self.marker_channel: Any = None
         self.txn_verifier: Any = None
-        handlers = dict(HANDLERS)
-        if config["oncelog.coordination.connect"]:
-            # SCRAM credentials and client quotas are kept in this broker's data directory: a cluster needs them
-            # in ZooKeeper (docs/security.md §8 step 6), so a cluster does not offer the APIs until they are.
-            for key in (ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, ApiKey.ALTER_USER_SCRAM_CREDENTIALS,
-                        ApiKey.DESCRIBE_CLIENT_QUOTAS, ApiKey.ALTER_CLIENT_QUOTAS):
-                handlers.pop(key)
-        self.dispatcher = Dispatcher(self, handlers, INTERNAL_HANDLERS)
+        self.dispatcher = Dispatcher(self, dict(HANDLERS), INTERNAL_HANDLERS)
         # Cluster mode (None: the single node). Set fatal when the broker must end (its node.id was taken while
         # its session was lost); `fatal_reason` says why.
         self.cluster: Any = None

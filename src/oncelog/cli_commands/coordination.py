@@ -1,4 +1,5 @@
-"""`oncelog coordination start|classpath`: the coordination service (ZooKeeper) cluster mode keeps metadata on.
+"""`oncelog coordination start|classpath|scram-credential`: the coordination service (ZooKeeper) cluster mode keeps
+metadata on.
 
 `start` runs one ZooKeeper member in the foreground, for development and tests: it prints exactly one line on
 stdout, `oncelog coordination ready at HOST:PORT` (the connect string brokers take in
@@ -9,6 +10,15 @@ its data directory. If the JVM dies on its own the command exits 1 with the end 
 with this process in every case (oncelog.cluster.coordination_service). `classpath` resolves ZooKeeper's jars
 (Maven, first use only) and prints the classpath: `make coordination-setup` runs it so tests need no Maven.
 Needs `java` (and `mvn` until the jars are cached); without them, a one-line error.
+
+`scram-credential` creates or replaces a user's SCRAM credential in a cluster's ZooKeeper, with no broker running
+(Kafka's `kafka-configs --zookeeper HOST:PORT --alter --add-config 'SCRAM-SHA-512=[password=...]' --entity-type
+users --entity-name broker`): brokers that authenticate to each other with SCRAM
+(sasl.mechanism.inter.broker.protocol=SCRAM-SHA-512) need their own user's credential before they can replicate.
+--connect is the brokers' oncelog.coordination.connect (chroot included; without one, their default /oncelog). The
+password is read from --password-file (`-`: standard input) or taken from --password; only the salted credential
+is stored. Brokers running already take the change at once; once a cluster runs, AlterUserScramCredentials
+(`kafka-configs --bootstrap-server ... --alter --add-config 'SCRAM-SHA-256=[password=...]'`) does the same.
 """
 
 from __future__ import annotations
@@ -41,12 +51,60 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
                                                    "the classpath")
     classpath.set_defaults(handler=_classpath)
 
+    scram = verbs.add_parser("scram-credential", help="create or replace a user's SCRAM credential in a cluster's "
+                                                      "ZooKeeper, before its brokers run")
+    scram.add_argument("--connect", required=True, metavar="HOST:PORT[/CHROOT]",
+                       help="the brokers' oncelog.coordination.connect")
+    scram.add_argument("--user", required=True, help="the user name (the principal is User:<name>)")
+    scram.add_argument("--mechanism", default="SCRAM-SHA-512", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"),
+                       type=str.upper, help="default SCRAM-SHA-512")
+    secret = scram.add_mutually_exclusive_group(required=True)
+    secret.add_argument("--password-file", metavar="FILE", help="a file whose first line is the password; - reads "
+                                                                "standard input")
+    secret.add_argument("--password", help="the password itself (visible to other users of this machine)")
+    scram.add_argument("--iterations", type=int, default=4096, help="4096 to 16384 (default 4096)")
+    scram.add_argument("--timeout", type=float, default=30.0, metavar="SECONDS",
+                       help="give up if ZooKeeper does not answer within this long (default 30)")
+    scram.set_defaults(handler=_scram_credential)
+
 
 def _host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit() or int(port) > 65535:
         raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {text!r}")
     return host.strip("[]") or "127.0.0.1", int(port)
+
+
+def _scram_credential(args: argparse.Namespace) -> int:
+    from ..security.credentials import MAX_ITERATIONS, MIN_ITERATIONS, from_password
+
+    if not MIN_ITERATIONS <= args.iterations <= MAX_ITERATIONS:
+        raise CommandError(f"--iterations must be between {MIN_ITERATIONS} and {MAX_ITERATIONS}")
+    if args.password_file is not None:
+        try:
+            if args.password_file == "-":
+                text = sys.stdin.readline()
+            else:
+                with open(args.password_file, encoding="utf-8") as handle:
+                    text = handle.readline()
+        except OSError as exc:
+            raise CommandError(f"--password-file {args.password_file}: {exc}") from None
+        password = text.rstrip("\r\n")
+    else:
+        password = args.password
+    if not password:
+        raise CommandError("the password is empty")
+    from ..cluster.store.credentials import put_credential
+    from ..cluster.store.errors import NotStored
+
+    try:
+        put_credential(args.connect, args.user, from_password(args.mechanism, password, args.iterations),
+                       args.timeout)
+    except NotStored as exc:
+        raise CommandError(str(exc)) from None
+    print(f"oncelog coordination: {args.mechanism} credential of {args.user} stored ({args.iterations} iterations)",
+          flush=True)
+    return 0
 
 
 def _classpath(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ import json
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -81,13 +81,18 @@ class AclStore(Protocol):
     `create` and `delete` answer per binding / per filter in request order (Kafka's CreateAcls and DeleteAcls
     results). Creating an existing binding succeeds and changes nothing. Every filter of one `delete` call sees the
     bindings as they were before the call, so a binding two filters match is reported by both, as Kafka's
-    controller does. After any change that took effect the listener gets the new full list."""
+    controller does. After any change that took effect the listener gets the new full list.
+
+    `create` and `delete` answer at once (the single node's file) or as a coroutine (a cluster's znodes,
+    cluster/store/acls.py): callers take either with `security.settled.settled`. `load` and `describe` always
+    answer at once, from what the store holds."""
 
     def load(self) -> list[AclBinding]: ...
 
-    def create(self, bindings: Sequence[AclBinding]) -> list[AclCreateResult]: ...
+    def create(self, bindings: Sequence[AclBinding]) -> list[AclCreateResult] | Awaitable[list[AclCreateResult]]: ...
 
-    def delete(self, filters: Sequence[AclBindingFilter]) -> list[AclDeleteResult]: ...
+    def delete(self, filters: Sequence[AclBindingFilter]) -> list[AclDeleteResult] | Awaitable[list[AclDeleteResult]]:
+        ...
 
     def describe(self, binding_filter: AclBindingFilter) -> list[AclBinding]: ...
 

@@ -16,7 +16,7 @@ import hmac
 import json
 import os
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -74,13 +74,18 @@ def from_password(mechanism: str, password: str, iterations: int = MIN_ITERATION
 
 
 class CredentialStore(Protocol):
-    """Where SCRAM credentials live: a file on the single node, znodes in a cluster."""
+    """Where SCRAM credentials live: a file on the single node, znodes in a cluster (cluster/store/credentials.py).
+
+    `get` and `describe` answer at once, from memory (a login reads it). `alter` stores deletions then upserts,
+    all or none, at once (the file) or as a coroutine (ZooKeeper; callers take either with
+    `security.settled.settled`), and raises OSError when they could not be stored."""
 
     def get(self, user: str, mechanism: str) -> ScramCredential | None: ...
 
     def describe(self) -> dict[str, list[ScramCredential]]: ...
 
-    def alter(self, upserts: list[tuple[str, ScramCredential]], deletions: list[tuple[str, str]]) -> None: ...
+    def alter(self, upserts: Sequence[tuple[str, ScramCredential]],
+              deletions: Sequence[tuple[str, str]]) -> None | Awaitable[None]: ...
 
 
 class LocalCredentialStore:
@@ -108,7 +113,7 @@ class LocalCredentialStore:
         return {user: sorted(mechs.values(), key=lambda c: MECHANISM_CODES[c.mechanism])
                 for user, mechs in self._users.items() if mechs}
 
-    def alter(self, upserts: list[tuple[str, ScramCredential]], deletions: list[tuple[str, str]]) -> None:
+    def alter(self, upserts: Sequence[tuple[str, ScramCredential]], deletions: Sequence[tuple[str, str]]) -> None:
         with self._lock:
             users = {user: dict(mechs) for user, mechs in self._users.items()}
             for user, mechanism in deletions:

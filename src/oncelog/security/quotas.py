@@ -27,7 +27,7 @@ observed rate O back to the bound T over the window W the rate used. Client byte
 Kafka's ClientQuotaManager); connection-creation throttles are capped at one window (ConnectionQuotas).
 
 Stores (`QuotaStore`): the single node keeps `__oncelog_meta/quotas.json` (LocalQuotaStore, replaced atomically:
-it survives a SIGKILL); a cluster's store in ZooKeeper will satisfy the same protocol.
+it survives a SIGKILL); a cluster keeps them in ZooKeeper (cluster/store/quotas.py) behind the same protocol.
 
 What oncelog enforces: producer_byte_rate and consumer_byte_rate. request_percentage (time on the request threads),
 controller_mutation_rate (topic/partition mutations) and KIP-612's ip connection_creation_rate are validated as
@@ -42,7 +42,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -663,14 +663,15 @@ class QuotaStoreError(ValueError):
 @runtime_checkable
 class QuotaStore(Protocol):
     """Where client quotas are kept: a file on the single node, ZooKeeper in a cluster. `alter` stores the changes
-    (validated by the caller, `validate_alterations`) at once, durably, then calls the listener with every quota;
-    OSError when they could not be stored (nothing changed)."""
+    (validated by the caller, `validate_alterations`) durably, then calls the listener with every quota; OSError
+    when they could not be stored (nothing changed). It does so at once (the file) or as a coroutine (ZooKeeper;
+    callers take either with `security.settled.settled`); `load` and `describe` answer at once, from memory."""
 
     def load(self) -> Quotas: ...
 
     def describe(self, quota_filter: QuotaFilter) -> list[tuple[QuotaEntity, dict[str, float]]]: ...
 
-    def alter(self, changes: Sequence[Change]) -> None: ...
+    def alter(self, changes: Sequence[Change]) -> None | Awaitable[None]: ...
 
     def set_listener(self, listener: QuotaListener | None) -> None: ...
 

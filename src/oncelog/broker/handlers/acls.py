@@ -2,7 +2,8 @@
 
 CLUSTER ALTER (create, delete) or DESCRIBE (describe) is checked first, as the table says; without an authorizer
 each answers SECURITY_DISABLED, as a Kafka broker without one does. The store validates and persists
-(security/acl_store.py) and the authorizer's snapshot follows every change before the answer leaves.
+(security/acl_store.py on the single node, cluster/store/acls.py in a cluster, whose writes are awaited) and this
+broker's authorizer snapshot follows every change before the answer leaves.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from ...security.acls import (
     ResourceType,
     acl,
 )
+from ...security.settled import settled
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -87,7 +89,7 @@ async def handle_create_acls(broker: BrokerServices, ctx: RequestContext, body: 
                         PatternType.from_code(c.resource_pattern_type) if ctx.api_version >= 1 else PatternType.LITERAL,
                         c.principal, c.host, AclOperation.from_code(c.operation),
                         AclPermissionType.from_code(c.permission_type)) for c in req.creations]
-        results = [{"error_code": r.error_code, "error_message": r.error_message} for r in store.create(bindings)]
+        results = [{"error_code": r.error_code, "error_message": r.error_message} for r in await settled(store.create(bindings))]
     data = {"throttle_time_ms": 0, "results": results}
     return encode_response(ApiKey.CREATE_ACLS, ctx.api_version, data)
 
@@ -104,7 +106,7 @@ async def handle_delete_acls(broker: BrokerServices, ctx: RequestContext, body: 
         results = [{"error_code": refusal[0], "error_message": refusal[1], "matching_acls": []} for _ in req.filters]
     else:
         results = []
-        for outcome in store.delete([_filter(f, ctx.api_version) for f in req.filters]):
+        for outcome in await settled(store.delete([_filter(f, ctx.api_version) for f in req.filters])):
             results.append({"error_code": outcome.error_code, "error_message": outcome.error_message,
                             "matching_acls": [{"error_code": 0, "error_message": None, **_binding_fields(b)}
                                               for b in outcome.deleted]})

@@ -6,8 +6,8 @@ answer INVALID_REQUEST (UNSUPPORTED_VERSION for an unknown entity type) at the t
 entity, and a key oncelog does not enforce is refused with INVALID_REQUEST rather than accepted and ignored.
 DESCRIBE_CONFIGS / ALTER_CONFIGS on the cluster are checked first, as Kafka's: refused, a description answers
 CLUSTER_AUTHORIZATION_FAILED with no entries (DescribeClientQuotasRequest.getErrorResponse) and an alteration
-answers it for every entry of the request, changing nothing. Only the single node serves them (the store is its
-`__oncelog_meta/quotas.json`); a cluster broker does not advertise them until its quotas live in ZooKeeper.
+answers it for every entry of the request, changing nothing. The store is the single node's
+`__oncelog_meta/quotas.json`, or a cluster's znodes (cluster/store/quotas.py), whose writes are awaited.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from ...security.quotas import (
     quota_user,
     validate_alterations,
 )
+from ...security.settled import settled
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -86,7 +87,7 @@ async def handle_alter(broker: BrokerServices, ctx: RequestContext, body: memory
     results, changes = validate_alterations(alterations, store.load(), lambda name: name not in unresolvable)
     if changes and not req.validate_only:
         try:
-            store.alter(changes)
+            await settled(store.alter(changes))
         except OSError as exc:
             failed = ApiError(UNKNOWN_SERVER_ERROR, f"Could not store the quotas: {exc}")
             changed = {entity for entity, _, _ in changes}

@@ -7,7 +7,8 @@ keeps StoredKey and ServerKey (security/credentials.py). Validation and error co
 Describing needs DESCRIBE on the cluster, altering ALTER on it, checked first, as Kafka's: refused, a description
 answers the top-level CLUSTER_AUTHORIZATION_FAILED (and one result with it per user asked about, without the name,
 as DescribeUserScramCredentialsRequest.getErrorResponse), an alteration answers it for every user named (sorted,
-once each) and changes nothing.
+once each) and changes nothing. A store that cannot keep the change (OSError: the file, or ZooKeeper in a cluster)
+answers UNKNOWN_SERVER_ERROR for every user it would have changed, and nothing changed.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from ...security.credentials import (
     MIN_ITERATIONS,
     from_salted_password,
 )
+from ...security.settled import settled
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
@@ -115,7 +117,11 @@ async def handle_alter(broker: BrokerServices, ctx: RequestContext, body: memory
     upserts = [(n, c) for n, c in upserts if n not in errors]
     deletions = [(n, m) for n, m in deletions if n not in errors]
     if upserts or deletions:
-        store.alter(upserts, deletions)
+        try:
+            await settled(store.alter(upserts, deletions))
+        except OSError as exc:
+            failed = (ErrorCode.UNKNOWN_SERVER_ERROR, f"Could not store the credentials: {exc}")
+            errors.update({name: failed for name, _ in [*upserts, *deletions]})
     results = []
     for name in dict.fromkeys(e.name for _, e in entries):
         code, message = errors.get(name, (ErrorCode.NONE, None))
