@@ -95,11 +95,16 @@ FAULT_SECONDS ?= 30
 FAULTS_OUT ?= bench/results
 CLIENTS ?= confluent,oncelog
 # Fuzzing (tests/fuzz): fresh random inputs, FUZZ_EXAMPLES per in-process target, FUZZ_E2E_EXAMPLES requests
-# (at most FUZZ_SECONDS) against a real broker.
+# (at most FUZZ_SECONDS) against a real broker, and on a secured broker's authentication path FUZZ_AUTH_EXAMPLES
+# inputs per target (SASL conversations, TLS garbage; at most FUZZ_SECONDS) and FUZZ_AUTH_HALF_OPEN half-open
+# handshakes of each kind at once.
 FUZZ_EXAMPLES ?= 20000
 FUZZ_E2E_EXAMPLES ?= 20000
+FUZZ_AUTH_EXAMPLES ?= 5000
+FUZZ_AUTH_HALF_OPEN ?= 400
 FUZZ_SECONDS ?= 300
-# then atheris (coverage-guided, libFuzzer) on the decoders for ATHERIS_SECONDS per target.
+# then atheris (coverage-guided, libFuzzer) on the decoders and the authentication path for ATHERIS_SECONDS per
+# target.
 ATHERIS_SECONDS ?= 120
 
 .PHONY: faults fuzz
@@ -110,6 +115,7 @@ faults: setup $(if $(CLUSTER),coordination-setup)
 
 fuzz: setup
 	FUZZ_RANDOM=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_E2E_EXAMPLES=$(FUZZ_E2E_EXAMPLES) FUZZ_SECONDS=$(FUZZ_SECONDS) \
+		FUZZ_AUTH_EXAMPLES=$(FUZZ_AUTH_EXAMPLES) FUZZ_AUTH_HALF_OPEN=$(FUZZ_AUTH_HALF_OPEN) \
 		$(PY) -m pytest -q -s -p no:cacheprovider tests/fuzz
 	$(PY) -m tests.fuzz.atheris_fuzz --seconds $(ATHERIS_SECONDS)
 

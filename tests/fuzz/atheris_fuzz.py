@@ -1,9 +1,11 @@
-"""Coverage-guided fuzzing of the broker's decoders with atheris (libFuzzer), for `make fuzz`.
+"""Coverage-guided fuzzing of the broker's decoders and its authentication path with atheris (libFuzzer), for
+`make fuzz`.
 
 `python -m tests.fuzz.atheris_fuzz [--seconds N] [TARGET ...]` runs each target (default: all) in its own
-process for N seconds, starting from the valid seeds of `corpus.py`, and prints the runs and any crash. A
-crash is an exception outside the decoder's contract (the same contracts as test_fuzz_decoders.py); libFuzzer
-writes the input to crash-<hash> in the working directory, and it belongs in test_fuzz_regressions.py.
+process for N seconds, starting from the valid seeds of `corpus.py` and `auth_corpus.py`, and prints the runs and
+any crash. A crash is an exception outside the function's contract (the same contracts as test_fuzz_decoders.py and
+test_fuzz_auth.py); libFuzzer writes the input to crash-<hash> in the working directory, and it belongs in
+test_fuzz_regressions.py.
 Checksummed formats get their checksum recomputed, so mutations reach the parsers behind it.
 """
 
@@ -35,9 +37,14 @@ with atheris.instrument_imports():
     from oncelog.records.control import ControlRecordError, parse_marker
     from oncelog.records.reader import CorruptRecordsError, read_batches
     from oncelog.records.validate import validate_produce
+    from oncelog.security.jaas import JaasError, parse_jaas
+    from oncelog.security.sasl.authenticator import Authenticator
+    from oncelog.security.sasl.mechanisms import AuthenticationFailed, PlainExchange, ScramExchange
+    from oncelog.security.sasl.oauthbearer import OAuthBearerExchange, _bearer, _Invalid
+    from oncelog.security.tls import PrincipalMapper, TlsConfigError
     from oncelog.storage.producer_state import decode_snapshot
 
-from tests.fuzz import corpus
+from tests.fuzz import auth_corpus, corpus
 
 ROOT = Path(__file__).resolve().parents[2]
 REQUESTS = corpus.request_bodies()
@@ -120,7 +127,70 @@ def fuzz_state(data: bytes) -> None:
         pass  # RecordFormatError is a ValueError; the snapshot reader raises ValueError
 
 
+def _step(exchange, token: bytes) -> None:
+    try:
+        exchange.step(token)
+    except AuthenticationFailed:
+        pass
+
+
+def _authenticator() -> Authenticator:
+    settings = auth_corpus.oauth()[0]
+    return Authenticator({"PLAIN": lambda: PlainExchange(auth_corpus.PLAIN_USERS),
+                          "SCRAM-SHA-256": lambda: ScramExchange("SCRAM-SHA-256", auth_corpus.credentials()),
+                          "OAUTHBEARER": lambda: OAuthBearerExchange(settings)}, 4096, 0)
+
+
+def fuzz_auth(data: bytes) -> None:
+    """The authentication path (the same contracts as test_fuzz_auth.py): the first byte picks the target, NUL
+    separates the parts of inputs that have two (a SCRAM exchange's two messages, rules and a name, a mechanism
+    and the tokens of a SASL conversation)."""
+    kind, body = (data[0] % 7, data[1:]) if data else (0, b"")
+    first, _, rest = body.partition(b"\x00")
+    if kind == 0:
+        _step(PlainExchange(auth_corpus.PLAIN_USERS), body)
+    elif kind == 1:
+        exchange = ScramExchange("SCRAM-SHA-256", auth_corpus.credentials())
+        _step(exchange, first)
+        _step(exchange, rest)
+    elif kind == 2:
+        exchange = OAuthBearerExchange(auth_corpus.oauth()[0])
+        _step(exchange, body)
+        _step(exchange, b"\x01")
+    elif kind == 3:
+        try:
+            _bearer(body)
+        except _Invalid:
+            pass
+    elif kind == 4:
+        try:
+            parse_jaas(body.decode("latin-1"))
+        except JaasError:
+            pass
+    elif kind == 5:
+        try:
+            mapper = PrincipalMapper(first.decode("latin-1"))
+        except TlsConfigError:
+            return
+        mapper.name(rest.decode("latin-1"))
+    else:
+        auth = _authenticator()
+        auth.handshake(first.decode("latin-1"))
+        for token in rest.split(b"\x00\x00"):
+            auth.authenticate(token)
+            auth.allows(3)
+
+
 def _seeds(target: str) -> list[bytes]:
+    if target == "auth":
+        scram = [first + b"\x00c=biws,r=x,p=AAAA" for first in auth_corpus.scram_first_messages()]
+        rules = [r.encode() + b"\x00" + n.encode() for r in auth_corpus.MAPPING_RULES
+                 for n in auth_corpus.DISTINGUISHED_NAMES]
+        return ([b"\x00" + t for t in auth_corpus.plain_tokens()] + [b"\x01" + m for m in scram]
+                + [b"\x02" + m for m in auth_corpus.oauth()[1]] + [b"\x03" + m for m in auth_corpus.oauth()[1]]
+                + [b"\x04" + t.encode() for t in auth_corpus.JAAS_TEXTS] + [b"\x05" + r for r in rules]
+                + [b"\x06PLAIN\x00" + t for t in auth_corpus.plain_tokens()]
+                + [b"\x06SCRAM-SHA-256\x00" + m for m in scram])
     if target == "requests":
         return [bytes([i]) + body for i, key in enumerate(API_VERSIONS) for body in REQUESTS[key]]
     if target == "batches":
@@ -131,7 +201,7 @@ def _seeds(target: str) -> list[bytes]:
             + [b"\x02" + k for k in keys] + [b"\x03" + v for v in offsets] + [b"\x04" + v for v in groups])
 
 
-TARGETS = {"requests": fuzz_requests, "batches": fuzz_batches, "state": fuzz_state}
+TARGETS = {"requests": fuzz_requests, "batches": fuzz_batches, "state": fuzz_state, "auth": fuzz_auth}
 
 
 def run_one(target: str, libfuzzer_args: list[str]) -> None:

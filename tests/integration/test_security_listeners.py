@@ -226,9 +226,10 @@ def test_oversized_and_malformed_tokens_close_cleanly(broker):
         assert answer.error_code == 58
         assert _closed(w)
     with Wire(broker.bootstrap_for("SASL_PLAINTEXT")) as w:
+        # Before authentication a frame larger than sasl.server.max.receive.size (512 KiB) is not read at all:
+        # the connection ends without an answer, as Kafka's SaslServerAuthenticator ends it
         assert w.request(SaslHandshakeRequest[1](mechanism="PLAIN"), 1).error_code == 0
-        answer = w.request(SaslAuthenticateRequest[1](auth_bytes=b"x" * 600_000), 1)
-        assert answer.error_code == 58 and "sasl.server.max.receive.size" in answer.error_message
+        w.request(SaslAuthenticateRequest[1](auth_bytes=b"x" * 600_000), 1, expect_response=False)
         assert _closed(w)
 
 

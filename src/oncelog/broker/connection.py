@@ -177,11 +177,16 @@ class Connection(asyncio.BufferedProtocol):
     def _split_frames(self) -> None:
         while not self.closed and self._end - self._start >= 4:
             (size,) = _SIZE.unpack_from(self._buf, self._start)
-            if size <= 0 or size > self.max_frame:
-                log.warning(
-                    "closing connection from %s: request size %d outside 1..%d (socket.request.max.bytes)",
-                    self.peer, size, self.max_frame,
-                )
+            limit, key = self.max_frame, "socket.request.max.bytes"
+            auth = self.authenticator
+            if auth is not None and not auth.authenticated and auth.max_receive < limit:
+                # Before SASL authentication a frame is bounded by sasl.server.max.receive.size, as Kafka's
+                # SaslServerAuthenticator bounds it: an anonymous client must not make the broker allocate
+                # socket.request.max.bytes per connection.
+                limit, key = auth.max_receive, "sasl.server.max.receive.size before authentication"
+            if size <= 0 or size > limit:
+                log.warning("closing connection from %s: request size %d outside 1..%d (%s)", self.peer, size,
+                            limit, key)
                 self.close()
                 return
             available = self._end - self._start - 4

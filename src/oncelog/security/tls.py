@@ -129,6 +129,42 @@ class _Rule:
 _RULE = re.compile(r"\s*(?:(DEFAULT)|RULE:((?:\\.|[^\\/])*)/((?:\\.|[^\\/])*)/([LU]?))\s*(?:,|\n|$)")
 
 
+_DIGITS = tuple("0123456789")
+
+
+def _template(replacement: str, groups: int, rules: str) -> str:
+    """A rule's replacement as a `Match.expand` template, checked now rather than when a certificate matches.
+
+    Java's replacement syntax, as Kafka applies it: `$n` is group n (further digits join while they name a group
+    the regex has), `\\$` and `\\\\` are a literal `$` and backslash, any other backslash is literal. A `$` that
+    names no group of the regex is refused here: applied to a client's certificate it would fail every handshake
+    whose name the rule matches."""
+    out, i = [], 0
+    while i < len(replacement):
+        char = replacement[i]
+        if char == "\\" and replacement[i + 1:i + 2] in ("$", "\\"):
+            out.append("\\\\" if replacement[i + 1] == "\\" else "$")
+            i += 2
+        elif char == "\\":
+            out.append("\\\\")
+            i += 1
+        elif char == "$":
+            if replacement[i + 1:i + 2] not in _DIGITS or int(replacement[i + 1]) > groups:
+                raise TlsConfigError(f"Invalid value {rules!r} for configuration ssl.principal.mapping.rules: "
+                                     f"{replacement[i:i + 2]!r} in {replacement!r} names no group of the rule's "
+                                     "regex (write \\$ for a literal $)")
+            end = i + 2
+            while replacement[end:end + 1] in _DIGITS and end < len(replacement) \
+                    and int(replacement[i + 1:end + 1]) <= groups:
+                end += 1
+            out.append(f"\\g<{replacement[i + 1:end]}>")
+            i = end
+        else:
+            out.append(char)
+            i += 1
+    return "".join(out)
+
+
 class PrincipalMapper:
     """`ssl.principal.mapping.rules`: DEFAULT, or `RULE:<regex>/<replacement>/[L|U]` items separated by commas,
     tried in order; the first whose regex matches the whole DN gives the name (`$1` refers to a group). A DN no
@@ -151,7 +187,7 @@ class PrincipalMapper:
                 pattern = re.compile(match.group(2).replace("\\/", "/"))
             except re.error as exc:
                 raise TlsConfigError(f"ssl.principal.mapping.rules: bad regex {match.group(2)!r}: {exc}") from None
-            replacement = re.sub(r"\$(\d+)", r"\\g<\1>", match.group(3).replace("\\/", "/"))
+            replacement = _template(match.group(3).replace("\\/", "/"), pattern.groups, rules)
             self.rules.append(_Rule(pattern, replacement, match.group(4)))
 
     def name(self, dn: str) -> str | None:
