@@ -40,6 +40,8 @@ from ..security.quotas import (
 from ..security.sasl.authenticator import Authenticator
 from ..security.sasl.mechanisms import ExchangeFactory, PlainExchange, ScramExchange
 from ..security.tls import PrincipalMapper, TlsConfigError, server_context
+from .dynamic_listeners import FILE_NAME as DYNAMIC_FILE
+from .dynamic_listeners import DynamicListenerConfigs
 
 log = logging.getLogger("oncelog.security")
 
@@ -124,7 +126,10 @@ class BrokerSecurity:
         cluster = bool(values["oncelog.coordination.connect"])
         self.credentials: CredentialStore = (
             _NotLoadedYet() if cluster else LocalCredentialStore(data_dir / "__oncelog_meta" / "scram-credentials.json"))
-        self.listeners = [self._runtime(spec, values) for spec in specs]
+        # listener.name.<l>.ssl.* set through IncrementalAlterConfigs (kept in __oncelog_meta), over the static values
+        self.dynamic = DynamicListenerConfigs(data_dir / "__oncelog_meta" / DYNAMIC_FILE, specs, values, cluster)
+        self.listeners = [self._runtime(spec, self.dynamic.overlay()) for spec in specs]
+        self.dynamic.attach(self.listeners)
         self.cluster = cluster
         # The client side of the inter-broker listener: only a cluster broker connects to other brokers.
         self.inter_broker_security = None

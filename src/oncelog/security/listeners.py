@@ -24,6 +24,7 @@ LISTENER_KEYS = (
     "ssl.keystore.type", "ssl.keystore.location", "ssl.keystore.password", "ssl.keystore.certificate.chain",
     "ssl.keystore.key", "ssl.key.password", "ssl.truststore.type", "ssl.truststore.location",
     "ssl.truststore.password", "ssl.truststore.certificates", "ssl.client.auth", "ssl.principal.mapping.rules",
+    "ssl.allow.dn.changes", "ssl.allow.san.changes",
     "ssl.enabled.protocols", "ssl.protocol", "ssl.cipher.suites", "ssl.endpoint.identification.algorithm",
     "sasl.enabled.mechanisms", "connections.max.reauth.ms", "sasl.server.max.receive.size",
     "sasl.oauthbearer.jwks.endpoint.url", "sasl.oauthbearer.jwks.endpoint.refresh.ms",

@@ -29,12 +29,15 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike, data: bytes) -> None:
-    """Replace `path` with `data` so that a crash leaves either the old or the new content, durably."""
+def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
+    """Replace `path` with `data` so that a crash leaves either the old or the new content, durably. `mode`: the
+    file's permissions (0o600 for secrets: set before anything is written)."""
     path = os.fspath(path)
     tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
     try:
+        if mode != 0o644:
+            os.fchmod(fd, mode)  # a left-over .tmp keeps the mode it was created with
         view = memoryview(data)
         while view:
             view = view[os.write(fd, view):]

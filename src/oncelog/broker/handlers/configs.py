@@ -1,8 +1,11 @@
-"""DescribeConfigs and IncrementalAlterConfigs for topics (and describe for the broker).
+"""DescribeConfigs and IncrementalAlterConfigs for topics and brokers.
 
 Broker settings come from server.properties and `--set` and are static: describing
-them works, altering them is refused with a message saying where to change them. Deleting a dynamic broker
-override succeeds and changes nothing, since there never is one: Kafka's reassignment tool clears its
+them works, altering them is refused with a message saying where to change them. The exception is a listener's key
+and trust store (`listener.name.<listener>.ssl.keystore.location` and the other keys Kafka reconfigures on a running
+listener): set per broker, they replace the listener's SSL context at run time and are kept for restarts
+(broker/dynamic_listeners.py), and DescribeConfigs reports them as DYNAMIC_BROKER_CONFIG. Deleting a dynamic
+override of any other key succeeds and changes nothing, since there never is one: Kafka's reassignment tool clears its
 replication throttles that way (`kafka-reassign-partitions --verify`) whether or not it set any.
 
 Replication throttles (Kafka's `leader/follower.replication.throttled.rate` on brokers and
@@ -41,15 +44,18 @@ from ...errors import ErrorCode, KafkaError
 from ...protocol.apis import ApiKey
 from ...protocol.messages import decode_request, encode_response
 from ...security.acls import ResourceType
+from ..dynamic_listeners import NOT_IN_A_CLUSTER, check_broker_change, dynamic_listener_key
 from . import controller_requests
 
 if TYPE_CHECKING:
     from ..context import BrokerServices, RequestContext
 
 RESOURCE_TOPIC, RESOURCE_BROKER, RESOURCE_BROKER_LOGGER = 2, 4, 8
-SOURCE_TOPIC, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 4, 5
+SOURCE_TOPIC, SOURCE_DYNAMIC_BROKER, SOURCE_STATIC_BROKER, SOURCE_DEFAULT = 1, 2, 4, 5
 OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT = 0, 1, 2, 3
-STATIC_BROKER = "Broker configs are static here: set them in server.properties or with --set and restart"
+STATIC_BROKER = ("Broker configs are static here: set them in server.properties or with --set and restart (only a "
+                 "listener's key and trust store, listener.name.<listener>.ssl.keystore.* / ssl.truststore.* / "
+                 "ssl.key.password, can be changed at run time)")
 # Kafka's replication throttle keys, per resource type (names only: oncelog throttles no replication).
 BROKER_THROTTLES = frozenset({"leader.replication.throttled.rate", "follower.replication.throttled.rate",
                               "replica.alter.log.dirs.io.max.bytes.per.second"})
@@ -89,7 +95,8 @@ def describe_topic_entries(
     return entries
 
 
-def _describe_broker(broker: BrokerServices, keys: list[str] | None, docs: bool) -> list[dict[str, Any]]:
+def _describe_broker(broker: BrokerServices, keys: list[str] | None, docs: bool,
+                     synonyms: bool = False) -> list[dict[str, Any]]:
     entries = []
     for name, key in BROKER_KEYS.items():
         if keys is not None and name not in keys:
@@ -100,20 +107,43 @@ def _describe_broker(broker: BrokerServices, keys: list[str] | None, docs: bool)
             "config_source": SOURCE_STATIC_BROKER if explicit else SOURCE_DEFAULT, "is_sensitive": key.sensitive,
             "synonyms": [], "config_type": key.type, "documentation": key.doc if docs else None,
         })
-    for name in sorted(broker.config.explicit - BROKER_KEYS.keys()):
-        # listener.name.<listener>.<key>: reported as set, secrets (keys, passwords, JAAS configs) as null
+    dynamic = broker.security.dynamic.values
+    for name in sorted((broker.config.explicit - BROKER_KEYS.keys()) | dynamic.keys()):
+        # listener.name.<listener>.<key>: reported as set, secrets (keys, passwords, JAAS configs) as null; the
+        # dynamic SSL keys (set through IncrementalAlterConfigs) as DYNAMIC_BROKER_CONFIG, over the static value
         if keys is not None and name not in keys:
             continue
         base = BROKER_KEYS.get(name.split(".", 3)[-1])
         sensitive = base.sensitive if base is not None else True
-        value = broker.config[name]
+
+        def shown(value: Any, base: Any = base, sensitive: bool = sensitive) -> str | None:
+            return None if sensitive else (base.render(value) if base else str(value))
+
+        found = []  # (source, value), most important first: Kafka's synonyms of a listener key
+        if name in dynamic:
+            found.append((SOURCE_DYNAMIC_BROKER, shown(base.parse(dynamic[name]))))
+        if name in broker.config.explicit:
+            found.append((SOURCE_STATIC_BROKER, shown(broker.config[name])))
         entries.append({
-            "name": name, "value": None if sensitive else (base.render(value) if base else str(value)),
-            "read_only": True, "config_source": SOURCE_STATIC_BROKER, "is_sensitive": sensitive,
-            "synonyms": [], "config_type": base.type if base is not None else TYPE_PASSWORD,
-            "documentation": None,
+            "name": name, "value": found[0][1], "read_only": dynamic_listener_key(name) is None,
+            "config_source": found[0][0], "is_sensitive": sensitive,
+            "synonyms": [{"name": name, "value": value, "source": source} for source, value in found] + (
+                _base_synonyms(broker, base) if base is not None else []) if synonyms else [],
+            "config_type": base.type if base is not None else TYPE_PASSWORD, "documentation": None,
         })
     return entries
+
+
+def _base_synonyms(broker: BrokerServices, base: Any) -> list[dict[str, Any]]:
+    """The synonyms a listener key's base key adds (`ssl.keystore.location` for `listener.name.x.ssl.keystore.
+    location`): its static value when set, then its default."""
+    out = []
+    value = None if base.sensitive else base.render(broker.config[base.name])
+    if base.name in broker.config.explicit:
+        out.append({"name": base.name, "value": value, "source": SOURCE_STATIC_BROKER})
+    out.append({"name": base.name, "value": None if base.sensitive else base.render(base.default),
+                "source": SOURCE_DEFAULT})
+    return out
 
 
 def _config_denial(ctx: RequestContext, resource_type: int, name: str) -> ErrorCode | None:
@@ -154,7 +184,7 @@ async def handle_describe_configs(broker: BrokerServices, ctx: RequestContext, b
                 out["error_code"] = ErrorCode.INVALID_REQUEST
                 out["error_message"] = f"Unknown broker {res.resource_name}"
             else:
-                out["configs"] = _describe_broker(broker, keys, docs)
+                out["configs"] = _describe_broker(broker, keys, docs, req.include_synonyms)
         else:
             out["error_code"] = ErrorCode.INVALID_REQUEST
             out["error_message"] = f"Resource type {res.resource_type} is not supported"
@@ -213,13 +243,27 @@ def _apply(current: dict[str, Any], changes: list[Any]) -> dict[str, Any]:
         raise KafkaError(ErrorCode.INVALID_CONFIG, str(exc)) from None
 
 
-def _alter_broker(res: Any, known: set[str]) -> None:
-    """A broker resource's alteration: only deletions of dynamic overrides, which change nothing (there are none);
-    anything else raises the KafkaError to answer. `known`: the resource names that name a broker."""
+def _alter_broker(res: Any, known: set[str]) -> list[tuple[str, int, str | None]]:
+    """A broker resource's alteration, checked as Kafka's preprocessing checks it before authorization: the dynamic
+    per-listener SSL keys (broker/dynamic_listeners.py) are returned as (name, operation, value), to be applied once
+    authorized; deleting any other key changes nothing (it has no dynamic value); anything else raises the
+    KafkaError to answer. `known`: the resource names that name a broker."""
     if res.resource_name not in known:
         raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unknown broker {res.resource_name}")
+    names = [change.name for change in res.configs]
+    if len(set(names)) != len(names):
+        raise KafkaError(ErrorCode.INVALID_REQUEST, "Error due to duplicate config keys")
+    dynamic = []
     for change in res.configs:
-        if change.config_operation == OP_DELETE:
+        op = change.config_operation
+        if op not in (OP_SET, OP_DELETE, OP_APPEND, OP_SUBTRACT):
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"Unknown operations type {op}")
+        if op != OP_DELETE and change.value is None:
+            raise KafkaError(ErrorCode.INVALID_REQUEST, f"Null value not supported for : {change.name}")
+        if op == OP_DELETE and dynamic_listener_key(change.name) is None:
+            continue
+        if check_broker_change(change.name, op, res.resource_name):
+            dynamic.append((change.name, op, change.value))
             continue
         if change.name in BROKER_THROTTLES:
             raise KafkaError(ErrorCode.INVALID_CONFIG, NO_THROTTLES.format(name=change.name))
@@ -228,17 +272,19 @@ def _alter_broker(res: Any, known: set[str]) -> None:
             raise KafkaError(ErrorCode.INVALID_CONFIG, f"Configuration {change.name} is not supported: "
                                                        f"{REFUSED_BROKER_KEYS[change.name]}")
         raise KafkaError(ErrorCode.INVALID_REQUEST, STATIC_BROKER)
+    return dynamic
 
 
-def _authorize_alteration(ctx: RequestContext, res: Any, brokers: set[str]) -> None:
+def _authorize_alteration(ctx: RequestContext, res: Any, brokers: set[str]) -> list[tuple[str, int, str | None]]:
     """Raise the KafkaError to answer when `res` may not be altered, in Kafka's order: a broker resource is
     validated first (the broker's preprocessing, before the controller authorizes), anything else is authorized
-    first."""
-    if res.resource_type == RESOURCE_BROKER:
-        _alter_broker(res, brokers)
+    first. A broker resource's dynamic changes are returned; their key stores are loaded only once authorized
+    (unlike Kafka, which loads them first: a refused caller learns nothing about the broker's files)."""
+    dynamic = _alter_broker(res, brokers) if res.resource_type == RESOURCE_BROKER else []
     denied = _config_denial(ctx, res.resource_type, res.resource_name)
     if denied is not None:
         raise KafkaError(denied, denied.message)
+    return dynamic
 
 
 async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
@@ -250,9 +296,16 @@ async def handle_incremental_alter_configs(broker: BrokerServices, ctx: RequestC
         out = {"error_code": 0, "error_message": None, "resource_type": res.resource_type,
                "resource_name": res.resource_name}
         try:
-            _authorize_alteration(ctx, res, {"", str(broker.node_id)})
+            dynamic = _authorize_alteration(ctx, res, {"", str(broker.node_id)})
             if res.resource_type == RESOURCE_BROKER:
-                pass  # validated, and there is nothing to change
+                if dynamic:  # per-listener SSL: a new key store in service, or the old one and the reason
+                    plan = broker.security.dynamic.prepare(dynamic)
+                    if not req.validate_only:
+                        try:
+                            broker.security.dynamic.commit(plan)
+                        except OSError as exc:
+                            raise KafkaError(ErrorCode.UNKNOWN_SERVER_ERROR,
+                                             f"cannot keep the dynamic broker config: {exc}") from None
             elif res.resource_type != RESOURCE_TOPIC:
                 raise KafkaError(ErrorCode.INVALID_REQUEST, f"Resource type {res.resource_type} is not supported")
             elif (meta := broker.logs.topics.get(res.resource_name)) is None:
@@ -282,7 +335,9 @@ async def _alter_in_cluster(broker: BrokerServices, ctx: RequestContext, body: m
                    "resource_name": res.resource_name}
             responses.append(out)
             try:
-                _authorize_alteration(ctx, res, {"", *map(str, image.brokers)})
+                dynamic = _authorize_alteration(ctx, res, {"", *map(str, image.brokers)})
+                if dynamic:
+                    raise KafkaError(ErrorCode.INVALID_REQUEST, NOT_IN_A_CLUSTER.format(name=dynamic[0][0]))
                 if res.resource_type == RESOURCE_BROKER:
                     continue
                 if res.resource_type != RESOURCE_TOPIC:
