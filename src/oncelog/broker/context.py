@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from ..errors import ErrorCode
 from ..security.acls import SUPPORTED_OPERATIONS, AclOperation, ResourceType
 from ..security.api_acls import CLUSTER_NAME, check_for, request_name
-from ..security.forwarding import forwarded_for
+from ..security.forwarding import forwarded_for, is_forwarded
 
 if TYPE_CHECKING:
     from ..config import BrokerConfig
@@ -81,6 +81,20 @@ class RequestContext:
         """Where the caller connected from (for a forwarded request: where its client did)."""
         on_behalf = self.on_behalf
         return on_behalf[1] if on_behalf is not None else self.connection.client_host
+
+    @functools.cached_property
+    def from_broker(self) -> bool:
+        """Whether this request comes from another broker of the cluster: its client id says so (a forwarded
+        request), and, with an authorizer on, its connection's principal may CLUSTER_ACTION on the cluster, so a
+        client cannot claim a broker's exemptions (creating an internal topic) by naming itself like one."""
+        if not is_forwarded(self.client_id):
+            return False
+        if self.authorizer is None:
+            return True
+        sender = getattr(self.connection, "principal", "User:ANONYMOUS")
+        return self.authorizer.authorize(sender, self.connection.client_host, AclOperation.CLUSTER_ACTION,
+                                         ResourceType.CLUSTER, CLUSTER_NAME, request_name=request_name(self.api_key),
+                                         log_if_allowed=False)
 
     @functools.cached_property
     def on_behalf(self) -> tuple[str, str] | None:

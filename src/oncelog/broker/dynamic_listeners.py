@@ -40,10 +40,11 @@ from pathlib import Path
 from typing import Any
 
 from ..config import BROKER_KEYS, ConfigError
+from ..durable_file import atomic_write
 from ..errors import ErrorCode, KafkaError
+from ..security.errors import SecurityConfigError
 from ..security.listeners import ListenerSettings, ListenerSpec, split_listener_key
 from ..security.tls import TlsConfigError, server_context
-from ..storage.checkpoints import atomic_write
 
 log = logging.getLogger("oncelog.security")
 
@@ -121,7 +122,6 @@ class DynamicListenerConfigs:
                 try:
                     server_context(settings, spec.name)
                 except TlsConfigError as exc:
-                    from .security_layer import SecurityConfigError
 
                     raise SecurityConfigError(f"{exc} (a dynamic config, set through IncrementalAlterConfigs and "
                                               f"kept in {path}: fix what it names, or remove the key from that "
@@ -137,7 +137,6 @@ class DynamicListenerConfigs:
             if not isinstance(raw, dict):
                 raise ValueError("configs is not an object")
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            from .security_layer import SecurityConfigError
 
             raise SecurityConfigError(f"{self.path}: cannot read the dynamic broker configs: {exc}") from None
         values = {}

@@ -21,6 +21,7 @@ from ..config import BrokerConfig
 from ..security.acl_store import AclStore, AclStoreError, LocalAclStore
 from ..security.authorizer import Authorizer, parse_super_users
 from ..security.credentials import CredentialStore, LocalCredentialStore, ScramCredential
+from ..security.errors import SecurityConfigError
 from ..security.jaas import PLAIN_MODULE, SCRAM_MODULE, JaasError, parse_jaas
 from ..security.listeners import (
     ListenerError,
@@ -49,10 +50,6 @@ OFFERED_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER")
 # Kafka's class names that turn ACLs on; oncelog's authorizer decides as StandardAuthorizer does.
 AUTHORIZER_CLASSES = ("org.apache.kafka.metadata.authorizer.StandardAuthorizer",
                       "kafka.security.authorizer.AclAuthorizer")
-
-
-class SecurityConfigError(ValueError):
-    """A security setting the broker cannot start with."""
 
 
 @dataclass

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from oncelog.errors import ErrorCode
-from oncelog.storage.checkpoints import atomic_write, fsync_dir
 
+from ..durable_file import atomic_write, fsync_dir
 from .acls import (
     AccessControlEntry,
     AclBinding,

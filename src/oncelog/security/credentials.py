@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from ..storage.checkpoints import atomic_write
+from ..durable_file import atomic_write
 
 # KIP-554's ScramMechanism codes, and Kafka's bounds on the iteration count (ScramMechanism.java).
 MECHANISM_CODES = {"SCRAM-SHA-256": 1, "SCRAM-SHA-512": 2}

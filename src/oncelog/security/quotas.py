@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from ..storage.checkpoints import atomic_write, fsync_dir
+from ..durable_file import atomic_write, fsync_dir
 
 log = logging.getLogger("oncelog.security.quotas")
 

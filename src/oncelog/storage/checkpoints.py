@@ -11,6 +11,10 @@ import os
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from ..durable_file import atomic_write, fsync_dir
+
+__all__ = ["atomic_write", "fsync_dir"]  # kept here too: storage's callers name them from this module
+
 VERSION = 0
 
 RECOVERY_POINT_FILE = "recovery-point-offset-checkpoint"
@@ -19,33 +23,6 @@ LOG_START_OFFSET_FILE = "log-start-offset-checkpoint"
 
 class CorruptCheckpointError(ValueError):
     """A checkpoint file that does not parse; the message names the file and the line."""
-
-
-def fsync_dir(path: str | os.PathLike) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> None:
-    """Replace `path` with `data` so that a crash leaves either the old or the new content, durably. `mode`: the
-    file's permissions (0o600 for secrets: set before anything is written)."""
-    path = os.fspath(path)
-    tmp = path + ".tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, mode)
-    try:
-        if mode != 0o644:
-            os.fchmod(fd, mode)  # a left-over .tmp keeps the mode it was created with
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    fsync_dir(os.path.dirname(path) or ".")
 
 
 def write_checkpoint(path: str | os.PathLike, offsets: Mapping[tuple[str, int], int]) -> None:

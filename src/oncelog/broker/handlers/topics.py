@@ -156,7 +156,6 @@ async def handle_create_topics(broker: BrokerServices, ctx: RequestContext, body
 
 async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext, body: memoryview, req: Any,
                                    denied: set[str], describable: set[str]) -> bytes:
-    from ...cluster.inter_broker import is_forwarded
     from ...cluster.topic_plans import NewTopic
     from ..coordinator_leadership import INTERNAL_TOPICS
 
@@ -164,7 +163,7 @@ async def _create_topics_in_cluster(broker: BrokerServices, ctx: RequestContext,
     too_many = sum(max(_requested_partitions(broker, item), 0) for item in req.topics
                    if item.name not in denied) > MAX_PARTITIONS_PER_REQUEST
 
-    internal_ok = is_forwarded(ctx.client_id)  # a broker creating an internal topic on first need
+    internal_ok = ctx.from_broker  # a broker creating an internal topic on first need
 
     def refused(item: Any) -> tuple[int, str] | None:
         if too_many:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ...durable_file import atomic_write
 from ...errors import ErrorCode, KafkaError
-from ...storage.checkpoints import atomic_write
 
 BLOCK_SIZE = 1000
 MAX_PRODUCER_ID = (1 << 63) - 1
