@@ -9,12 +9,12 @@ BASE_STAMP := $(VENV)/.base-stamp
 DATA_DIR ?= ./data
 LISTEN ?= 127.0.0.1:9092
 PYTEST_ARGS ?=
-# make test leaves out the slow runs against real Apache Kafka (the 3-node cluster, the long fault runs) and
-# the long cluster-mode runs: `make kafka-test` runs every test against Kafka, `make cluster-test` every
-# cluster-mode test.
-TEST_MARKERS ?= not kafka_cluster and not kafka_slow and not cluster_slow
+# make test leaves out the slow runs against real Apache Kafka (the 3-node cluster, the long fault runs), the
+# long cluster-mode runs and the secured-broker interop runs of other clients' builds: `make kafka-test` runs every
+# test against Kafka, `make cluster-test` every cluster-mode test, `make interop-test` the slow interop runs.
+TEST_MARKERS ?= not kafka_cluster and not kafka_slow and not cluster_slow and not interop_slow
 
-.PHONY: setup run cluster test kafka-test coordination-setup cluster-test lint bench clean
+.PHONY: setup run cluster test kafka-test interop-test coordination-setup cluster-test lint bench clean
 
 $(BASE_STAMP): pyproject.toml
 	@test -x $(PY) || { echo "setup: creating $(VENV) ($(PYTHON) -m venv)"; $(PYTHON) -m venv $(VENV); }
@@ -68,6 +68,10 @@ cluster-test: setup coordination-setup
 # ~/.m2): one node with PLAINTEXT, SSL, SASL_SSL and SASL_PLAINTEXT listeners, and a 3-node cluster.
 kafka-test: setup
 	$(PY) -m pytest -q -m kafka tests/kafka $(PYTEST_ARGS)
+
+# The Java client, Kafka's tools and franz-go against oncelog's secured listeners (docs/security.md).
+interop-test: setup
+	$(PY) -m pytest -q -m interop_slow tests/interop $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

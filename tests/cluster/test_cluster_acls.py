@@ -51,6 +51,9 @@ from tests.cluster.cluster_processes import wait_for
 from tests.integration.helpers import fetch_raw
 from tests.support.wire import Wire, sasl_plain_wire
 
+# Out of make test's time budget (make cluster-test runs it); its short sibling stays in make test.
+pytestmark = pytest.mark.cluster_slow
+
 NONE, UNKNOWN_TOPIC_OR_PARTITION = 0, 3
 TOPIC_AUTHORIZATION_FAILED, CLUSTER_AUTHORIZATION_FAILED, SASL_AUTHENTICATION_FAILED = 29, 31, 58
 # Kafka's wire codes: resource TOPIC 2, CLUSTER 4; pattern LITERAL 3; operation READ 3, DESCRIBE 8; ALLOW 3

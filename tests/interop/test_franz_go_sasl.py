@@ -26,6 +26,9 @@ import pytest
 from tests.support.kafka import TlsMaterial
 from tests.support.secured_broker import SecuredBroker
 
+# Out of make test's time budget (make interop-test runs it); its short sibling stays in make test.
+pytestmark = pytest.mark.interop_slow
+
 FRANZ_GO = "github.com/twmb/franz-go"
 FRANZ_GO_VERSION = "v1.22.3"
 SASL_TESTS = ("TestSCRAMAuth", "TestSCRAMAuthBadCredentials")

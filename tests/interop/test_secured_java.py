@@ -31,6 +31,9 @@ from tests.interop.test_java_client import (
 from tests.support.kafka import TlsMaterial
 from tests.support.secured_broker import MECHANISMS, SecuredBroker
 
+# Out of make test's time budget (make interop-test runs it); its short sibling stays in make test.
+pytestmark = pytest.mark.interop_slow
+
 MAIN = "oncelog.interop.SecuredInterop"
 SASL_AUTH_FAILED = "org.apache.kafka.common.errors.SaslAuthenticationException"
 LOGIN_MODULES = {

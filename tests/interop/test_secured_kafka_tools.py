@@ -37,6 +37,9 @@ from tests.support.kafka_tools import (
 )
 from tests.support.secured_broker import SecuredBroker
 
+# Out of make test's time budget (make interop-test runs it); its short sibling stays in make test.
+pytestmark = pytest.mark.interop_slow
+
 CONFIGS = "org.apache.kafka.tools.ConfigCommand"   # kafka-configs.sh
 ACLS = "org.apache.kafka.tools.AclCommand"         # kafka-acls.sh
 SCRAM_512 = "org.apache.kafka.common.security.scram.ScramLoginModule"
