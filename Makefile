@@ -69,7 +69,8 @@ cluster-test: setup coordination-setup
 kafka-test: setup
 	$(PY) -m pytest -q -m kafka tests/kafka $(PYTEST_ARGS)
 
-# The Java client, Kafka's tools and franz-go against oncelog's secured listeners (docs/security.md).
+# The Java client, Kafka's tools and franz-go against oncelog's secured listeners (docs/security.md), and Kafka
+# Connect through SIGKILLs of its worker and the broker.
 interop-test: setup
 	$(PY) -m pytest -q -m interop_slow tests/interop $(PYTEST_ARGS)
 

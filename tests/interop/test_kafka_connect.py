@@ -608,6 +608,7 @@ def test_connect_distributed_round_trip_restart_on_compacted_topics(broker_facto
     assert_logs_clean([first, second], broker)
 
 
+@pytest.mark.interop_slow  # make interop-test: out of make test's time budget; the graceful round trip stays in it
 @pytest.mark.timeout(600)
 def test_connect_through_sigkill_of_worker_and_broker(broker_factory, connect_workers, tmp_path):
     """At-least-once through crashes: the worker SIGKILLed while a wave is on its way, then the broker SIGKILLed
