@@ -52,9 +52,11 @@ def broker(tmp_path_factory, keys):
     b.stop()
 
 
-def token(key, kid: str = "k1", sub: str = "svc-orders", lifetime: float = 300, aud: str = AUDIENCE) -> str:
+def token(key, kid: str = "k1", sub: str = "svc-orders", lifetime: float = 300, aud: str = AUDIENCE,
+          **extra) -> str:
     now = int(time.time())
-    claims = {"sub": sub, "iss": ISSUER, "aud": aud, "iat": now, "exp": now + int(lifetime), "jti": str(uuid.uuid4())}
+    claims = {"sub": sub, "iss": ISSUER, "aud": aud, "iat": now, "exp": now + int(lifetime), "jti": str(uuid.uuid4()),
+              **extra}
     return jwt.encode(claims, key, algorithm="RS256", headers={"kid": kid})
 
 
@@ -74,14 +76,17 @@ def producer_with(broker, tok: str) -> tuple[list, list]:
 def test_a_signed_token_authenticates(broker, keys):
     delivered, errors = producer_with(broker, token(keys["good"]))
     assert delivered == [None] and errors == []
+    delivered, errors = producer_with(broker, token(keys["good"], scope=["orders.write", "orders.read"]))
+    assert delivered == [None] and errors == []
 
 
-@pytest.mark.parametrize("case", ["expired", "other-key", "unknown-kid", "wrong-audience"])
+@pytest.mark.parametrize("case", ["expired", "other-key", "unknown-kid", "wrong-audience", "bad-scope"])
 def test_bad_tokens_are_refused(broker, keys, case):
     tok = {"expired": lambda: token(keys["good"], lifetime=-120),
            "other-key": lambda: token(keys["other"]),
            "unknown-kid": lambda: token(keys["good"], kid="k9"),
-           "wrong-audience": lambda: token(keys["good"], aud="someone-else")}[case]()
+           "wrong-audience": lambda: token(keys["good"], aud="someone-else"),
+           "bad-scope": lambda: token(keys["good"], scope={"not": "a string"})}[case]()
     delivered, errors = producer_with(broker, tok)
     assert delivered and delivered[0] is not None
     auth = [e for e in errors if e.code() == KafkaError._AUTHENTICATION]

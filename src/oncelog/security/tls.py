@@ -35,8 +35,15 @@ def server_context(settings: Any, name: str = "") -> ssl.SSLContext:
     enabled = [v for v in settings["ssl.enabled.protocols"] or [] if v in _TLS_VERSIONS]
     if not enabled:
         raise TlsConfigError(f"ssl.enabled.protocols{where}: no TLS version left to offer")
-    context.minimum_version = min(_TLS_VERSIONS[v] for v in enabled)
-    context.maximum_version = max(_TLS_VERSIONS[v] for v in enabled)
+    # ssl.protocol is the highest version the context speaks (Kafka: SSLContext.getInstance(ssl.protocol)), and
+    # ssl.enabled.protocols the versions offered under it
+    ceiling = _TLS_VERSIONS.get(settings["ssl.protocol"] or "TLSv1.3", ssl.TLSVersion.TLSv1_3)
+    offered = [_TLS_VERSIONS[v] for v in enabled if _TLS_VERSIONS[v] <= ceiling]
+    if not offered:
+        raise TlsConfigError(f"ssl.enabled.protocols{where} {enabled}: none at or below ssl.protocol "
+                             f"{settings['ssl.protocol']}")
+    context.minimum_version = min(offered)
+    context.maximum_version = max(offered)
     suites = settings["ssl.cipher.suites"] or []
     if suites:
         try:

@@ -143,6 +143,11 @@ class OAuthBearerExchange:
         subject = claims.get(s.sub_claim)
         if not isinstance(subject, str) or not subject:
             raise _Invalid(f"the token has no {s.sub_claim} claim")
+        scope = claims.get(s.scope_claim)
+        if scope is not None and not (isinstance(scope, str) or
+                                      (isinstance(scope, list) and all(isinstance(x, str) for x in scope))):
+            # as Kafka's validator: the scope claim, when present, is a string or a list of strings
+            raise _Invalid(f"the {s.scope_claim} claim is neither a string nor a list of strings")
         self.principal = f"User:{subject}"
         self.credential_expires_ms = int(claims["exp"]) * 1000
 
