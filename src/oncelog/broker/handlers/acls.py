@@ -74,14 +74,19 @@ async def handle_describe_acls(broker: BrokerServices, ctx: RequestContext, body
     return encode_response(ApiKey.DESCRIBE_ACLS, ctx.api_version, data)
 
 
+def _alter_refusal(broker: BrokerServices, ctx: RequestContext) -> tuple[int, str] | None:
+    """Why CreateAcls / DeleteAcls change nothing: no authorizer (SECURITY_DISABLED), or no Cluster ALTER."""
+    if broker.security.acl_store is None:
+        return NO_AUTHORIZER_ALTER
+    if not ctx.authorized_cluster():
+        return ErrorCode.CLUSTER_AUTHORIZATION_FAILED, _CLUSTER_DENIED
+    return None
+
+
 async def handle_create_acls(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.CREATE_ACLS, ctx.api_version, body)
     store = broker.security.acl_store
-    refusal = None
-    if store is None:
-        refusal = NO_AUTHORIZER_ALTER
-    elif not ctx.authorized_cluster():
-        refusal = (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, _CLUSTER_DENIED)
+    refusal = _alter_refusal(broker, ctx)
     if refusal is not None:
         results = [{"error_code": refusal[0], "error_message": refusal[1]} for _ in req.creations]
     else:
@@ -97,11 +102,7 @@ async def handle_create_acls(broker: BrokerServices, ctx: RequestContext, body: 
 async def handle_delete_acls(broker: BrokerServices, ctx: RequestContext, body: memoryview) -> bytes:
     req = decode_request(ApiKey.DELETE_ACLS, ctx.api_version, body)
     store = broker.security.acl_store
-    refusal = None
-    if store is None:
-        refusal = NO_AUTHORIZER_ALTER
-    elif not ctx.authorized_cluster():
-        refusal = (ErrorCode.CLUSTER_AUTHORIZATION_FAILED, _CLUSTER_DENIED)
+    refusal = _alter_refusal(broker, ctx)
     if refusal is not None:
         results = [{"error_code": refusal[0], "error_message": refusal[1], "matching_acls": []} for _ in req.filters]
     else:
