@@ -97,9 +97,10 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
     cluster = getattr(broker, "cluster", None)
     if requested is None or (version == 0 and not requested):
         names = sorted(broker.logs.topics if cluster is None else cluster.image.topics)
-        # all topics: those the caller may not DESCRIBE are left out, as if they did not exist
+        # all topics: those the caller may not DESCRIBE are left out, as if they did not exist, and without a
+        # logged denial each (Kafka: logIfDenied = !isAllTopics)
         entries = [topic_entry(broker, n)
-                   for n in ctx.filter_authorized(ResourceType.TOPIC, names, AclOperation.DESCRIBE)]
+                   for n in ctx.filter_authorized(ResourceType.TOPIC, names, AclOperation.DESCRIBE, log_denied=False)]
     else:
         entries = []
         for item in requested:
