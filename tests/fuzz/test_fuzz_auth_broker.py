@@ -453,11 +453,6 @@ def test_many_half_open_handshakes_at_once(secured):
     still_fine(secured)
 
 
-@pytest.mark.xfail(strict=True, reason="found by the half-open test, not fixed yet: a TLS connection is admitted "
-                   "(max.connections, max.connections.per.ip, max.connection.creation.rate) only once its handshake "
-                   "is done, since asyncio calls the protocol's connection_made after the handshake; Kafka's acceptor "
-                   "counts it at accept. Half-open TLS connections are therefore unlimited, each holding about 0.5 MB "
-                   "(asyncio's and the connection's receive buffers) until oncelog.authentication.timeout.ms")
 def test_connection_limits_apply_to_tls_connections_before_their_handshake(tmp_path):
     tls = TlsMaterial(tmp_path / "tls")
     with BrokerProcess(tmp_path / "data", {"listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0",

@@ -106,6 +106,27 @@ def test_untrusted_or_missing_client_certificate_is_refused_on_mtls(broker, tmp_
     round_trip(broker.client_config("MTLS"), "mtls-after-refusals", 5)
 
 
+def test_a_refused_mtls_handshake_gets_its_alert_and_is_logged(broker, tls):
+    """A client without a certificate on the mTLS listener learns why from the TLS alert (as Kafka's listener
+    sends it), rather than from a bare EOF; the broker logs the failed authentication as Kafka's selector does."""
+    host, port = broker.bootstrap_for("MTLS").rsplit(":", 1)
+    context = ssl.create_default_context(cafile=str(tls.ca_pem))
+    with socket.create_connection((host, int(port)), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=host) as conn:
+        # TLS 1.3: the client's half of the handshake ends before the server checks for a certificate, so the
+        # refusal arrives on the first read
+        with pytest.raises(ssl.SSLError) as refused:
+            conn.sendall(struct.pack(">i", 12) + b"\x00\x12\x00\x03" + b"\x00" * 8)
+            conn.recv(1)
+    assert "CERTIFICATE_REQUIRED" in str(refused.value).upper() or "ALERT" in str(refused.value).upper(), refused
+    log = broker.process.log_path
+    deadline = time.monotonic() + 10
+    while "Failed authentication with 127.0.0.1" not in log.read_text(errors="replace"):
+        assert time.monotonic() < deadline, broker.process.log_tail()
+        time.sleep(0.1)
+    assert "SSL handshake failed" in log.read_text(errors="replace")
+
+
 def test_kafka_python_over_ssl_and_scram(broker, tls):
     from kafka import KafkaConsumer, KafkaProducer
 

@@ -6,8 +6,8 @@ the PKCS#8 key and the certificate chain; `ssl.truststore.type=PEM` with the CA)
 SCRAM-SHA-256 and SCRAM-SHA-512 (`sasl.jaas.config` of Kafka's login modules). Over each,
 `oncelog.interop.SecuredInterop roundtrip` (tests/interop/java) creates a topic, writes a few hundred records with
 the idempotent producer (acks=all), reads them back in a consumer group and commits; a wrong password fails every
-client with Kafka's SaslAuthenticationException. A client without a certificate on the MTLS listener should fail
-with SslAuthenticationException as against Kafka; it does not yet (xfail, the reason on the test). The jar is the
+client with Kafka's SaslAuthenticationException, and a client without a certificate on the MTLS listener fails at
+once with SslAuthenticationException, from the TLS alert the broker sends (broker/tls_accept.py). The jar is the
 one tests/interop/test_java_client.py builds (its `java_jar` fixture), so without java or Maven this module skips
 with the same reasons.
 """
@@ -194,13 +194,6 @@ def test_java_client_wrong_password_is_sasl_authentication_exception(jar, broker
 SSL_AUTH_FAILED = "org.apache.kafka.common.errors.SslAuthenticationException"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "broker defect: a TLS handshake the broker refuses (no client certificate on a listener with "
-    "ssl.client.auth=required) is closed without the TLS alert OpenSSL wrote (asyncio's sslproto drops its "
-    "outgoing buffer on ssl.SSLError), so the Java client sees an EOF ('terminated during authentication') and "
-    "retries until its timeouts; Kafka 4.4 sends the alert and the same client fails at once with "
-    "SslAuthenticationException (SSLHandshakeException: Received fatal alert: bad_certificate); the broker logs "
-    "nothing about the refusal"))
 def test_java_client_without_a_certificate_on_mtls_is_ssl_authentication_exception(jar, broker, tls, tmp_path,
                                                                                   topic_name, clean_log):
     config = java_properties(tmp_path / "no-cert.properties", {"security.protocol": "SSL", **truststore(tls)})

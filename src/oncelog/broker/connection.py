@@ -16,6 +16,7 @@ import os
 import struct
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .wire import FileRegion, close_pieces
@@ -44,6 +45,8 @@ class ConnectionHost(Protocol):
     def dispatcher(self) -> RequestDispatcher: ...
 
     def register_connection(self, conn: Connection) -> bool: ...
+
+    def admit_connection(self, conn: Connection) -> float | None: ...
 
     def unregister_connection(self, conn: Connection) -> None: ...
 
@@ -80,6 +83,10 @@ class Connection(asyncio.BufferedProtocol):
         self._mute_timer: asyncio.TimerHandle | None = None
         self._unmuted: asyncio.Future[None] | None = None  # done when the mute ends (or the connection does)
         self.closed = False
+        # True when the listener's acceptor already admitted the connection (a TLS listener does, before the
+        # handshake: tls_accept.py); otherwise it is admitted when the transport is made.
+        self.admitted = False
+        self.abort_handshake: Callable[[], None] | None = None
         # Set when the connection must end after the answers already owed are sent: later requests are
         # neither read nor processed.
         self.closing = False
@@ -98,15 +105,19 @@ class Connection(asyncio.BufferedProtocol):
         self.max_queued = broker.config["queued.max.requests"]
 
     # -- asyncio protocol -------------------------------------------------------------------------
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+    def set_peer(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if peer else "?"
         self.client_host = str(peer[0]) if peer else "?"
-        if not self.broker.register_connection(self):  # it logs why (max.connections, max.connections.per.ip)
-            self.closed = True
-            transport.close()
-            return
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        if not self.admitted:
+            self.set_peer(transport)
+            if not self.broker.register_connection(self):  # it logs why (max.connections, max.connections.per.ip)
+                self.closed = True
+                transport.close()
+                return
         listener = self.listener
         if listener is not None and listener.principal_mapper is not None:
             from ..security.tls import tls_principal
@@ -372,3 +383,5 @@ class Connection(asyncio.BufferedProtocol):
             self.closed = True
             if self.transport is not None:
                 self.transport.close()
+            elif self.abort_handshake is not None:  # admitted, its TLS handshake not done: the socket goes now
+                self.abort_handshake()

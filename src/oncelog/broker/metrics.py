@@ -188,7 +188,8 @@ class BrokerMetrics:
         self.reauthentications = Counter("oncelog_successful_reauthentication",
                                          "SASL re-authentications (KIP-368) that succeeded",
                                          ["listener", "mechanism"], registry=r)
-        self.failed_authentications = Counter("oncelog_failed_authentication", "SASL authentications refused",
+        self.failed_authentications = Counter("oncelog_failed_authentication",
+                                              "SASL authentications and TLS handshakes refused (mechanism '' for TLS)",
                                               ["listener", "mechanism"], registry=r)
         # Kafka's quota throttle metrics: throttle-time of the Produce and Fetch quota types per user/client-id (the
         # quota's metric tags, "" where unused), and the listener's connection-accept-throttle-time; Kafka's are an

@@ -36,6 +36,7 @@ from .handlers import HANDLERS, INTERNAL_HANDLERS
 from .metrics import BrokerMetrics
 from .partition_access import LocalPartitionAccess, PartitionAccess
 from .security_layer import BrokerSecurity, SecurityConfigError
+from .tls_accept import TlsAcceptor
 
 log = logging.getLogger("oncelog.broker")
 
@@ -229,18 +230,21 @@ class Broker:
         oncelog.authentication.timeout.ms (a client that never finishes it is dropped)."""
         timeout = self.config["oncelog.authentication.timeout.ms"] / 1000
         for index, listener in enumerate(self.security.listeners):
-            def factory(listener: Any = listener) -> Connection:
-                return Connection(self, listener)
+            def factory(listener: Any = listener) -> asyncio.Protocol:
+                if listener.ssl_context is None:
+                    return Connection(self, listener)
+                # admitted at accept, then TLS (tls_accept.py); the context is read per connection, so a
+                # reloaded key store serves the next handshake
+                return TlsAcceptor(Connection(self, listener), listener.ssl_context, timeout)
 
-            tls = {"ssl": listener.ssl_context, "ssl_handshake_timeout": timeout} if listener.ssl_context else {}
             sock = self._listen_socket if index == 0 else None
             if sock is None and index < len(self._bound_sockets):
                 sock = self._bound_sockets[index]
             if sock is not None:
-                server = await loop.create_server(factory, sock=sock, backlog=1024, **tls)
+                server = await loop.create_server(factory, sock=sock, backlog=1024)
             else:
                 server = await loop.create_server(factory, listener.spec.host or None, listener.spec.port,
-                                                  backlog=1024, **tls)
+                                                  backlog=1024)
             self._servers.append(server)
             listener.port = server.sockets[0].getsockname()[1]
             log.info("listener %s (%s) on %s:%d", listener.name, listener.spec.protocol,
@@ -310,28 +314,38 @@ class Broker:
 
     # -- connections ------------------------------------------------------------------------------
     def register_connection(self, conn: Connection) -> bool:
-        """Admit a new connection, or say why not (logged) and refuse it. In Kafka's order (ConnectionQuotas.inc):
+        """Admit a connection whose transport is made (a plaintext listener's), muting it for a creation-rate
+        throttle; False when refused."""
+        delay = self.admit_connection(conn)
+        if delay is None:
+            return False
+        if delay > 0:
+            conn.mute_for(delay)
+        return True
+
+    def admit_connection(self, conn: Connection) -> float | None:
+        """Count a new connection in, or say why not (logged) and refuse it (None); otherwise the seconds its
+        first read waits (max.connection.creation.rate). In Kafka's order (ConnectionQuotas.inc):
         max.connection.creation.rate first (every new connection counts; one over the rate is read only after
         its throttle), then max.connections, then max.connections.per.ip."""
         quotas = self.security.connection_quotas
         delay_ms = quotas.creation_delay_ms(time.monotonic() * 1000)
         if len(self.connections) >= self.config["max.connections"]:
             log.warning("closing connection from %s: max.connections reached", conn.peer)
-            return False
+            return None
         if quotas.limits_ips:
             ip = normal_ip(conn.client_host)
             limit = quotas.admit(ip)
             if limit is not None:
                 log.info("Rejected connection from %s, address already has the configured maximum of %d "
                          "connections.", ip, limit)
-                return False
+                return None
         self.connections.add(conn)
         self.metrics.connections.inc()
         if delay_ms > 0:
             listener = conn.listener.name if conn.listener is not None else ""
             self.metrics.connection_accept_throttle_time.labels(listener).observe(delay_ms)
-            conn.mute_for(delay_ms / 1000)
-        return True
+        return delay_ms / 1000
 
     def unregister_connection(self, conn: Connection) -> None:
         if conn in self.connections:
