@@ -324,6 +324,19 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   "connections in a row (nothing listens: the process is gone) and it removes that broker's "
                   "registration without waiting for its session to expire; timeouts prove nothing and are left to "
                   "the session. 0 turns the probe off.", at_least(0)),
+        # ZooKeeper credentials and znode ACLs (cluster/store/znode_acls.py, docs/security.md §9). The last three
+        # are JVM system properties in Kafka; oncelog, having no JVM, takes them as keys (and from KAFKA_OPTS).
+        ConfigKey("zookeeper.set.acl", TYPE_BOOLEAN, False,
+                  "Create every znode with ACLs: the brokers' ZooKeeper identity all permissions, everyone else read "
+                  "(nothing under /config/users, /config/brokers, /delegation_token). Needs ZooKeeper credentials."),
+        ConfigKey("java.security.auth.login.config", TYPE_STRING, "",
+                  "JAAS file whose Client section (org.apache.zookeeper.server.auth.DigestLoginModule username, "
+                  "password) logs the broker in to ZooKeeper with SASL DIGEST-MD5."),
+        ConfigKey("zookeeper.sasl.client", TYPE_BOOLEAN, True,
+                  "Log in to ZooKeeper with SASL when the JAAS file has the section (false with the section present "
+                  "is refused, as Kafka refuses it)."),
+        ConfigKey("zookeeper.sasl.clientconfig", TYPE_STRING, "Client",
+                  "Section of the JAAS file holding the ZooKeeper login."),
         ConfigKey("oncelog.coordination.connection.timeout.ms", TYPE_INT, 60000,
                   "How long a starting broker retries an unreachable coordination service before it gives up "
                   "(Kafka's zookeeper.connection.timeout.ms).", at_least(1)),

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
@@ -32,7 +33,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 from ..cluster.controller import Controller
 from ..cluster.inter_broker import ControllerIsHere, ControllerUnavailable, InterBroker, is_forwarded
 from ..cluster.metadata_image import MetadataImage
-from ..cluster.metadata_store import CONNECTED, LOST, MetadataStore, StoreUnavailable
+from ..cluster.metadata_store import (
+    CONNECTED,
+    LOST,
+    ZK_SECURITY_KEYS,
+    MetadataStore,
+    StoreUnavailable,
+    zk_security,
+)
 from ..cluster.producer_ids import ClusterProducerIds
 from ..cluster.replica_fetcher import ReplicaFetcherManager
 from ..cluster.replica_manager import ReplicaManager, Role
@@ -142,14 +150,19 @@ class ClusterMode:
         broker shares (docs/security.md §8 step 6); returns the cluster id. Before storage opens and the broker
         listens, so its first request sees every ACL."""
         loop = asyncio.get_running_loop()
+        # ZooKeeper credentials and znode ACLs (zookeeper.set.acl; docs/security.md §9): refused here, before any
+        # session, when they cannot be honoured; keys left unset take KAFKA_OPTS's -D properties, then the defaults
+        security = zk_security({key: self.config[key] for key in ZK_SECURITY_KEYS if key in self.config.explicit},
+                               os.environ)
         self.store = MetadataStore(self.config["oncelog.coordination.connect"],
                                    self.config["oncelog.coordination.session.timeout.ms"], loop, self.image,
-                                   controller_session_timeout_ms=self.config["oncelog.controller.session.timeout.ms"])
+                                   controller_session_timeout_ms=self.config["oncelog.controller.session.timeout.ms"],
+                                   security=security)
         try:
             await self.store.start(self.config["oncelog.coordination.connection.timeout.ms"] / 1000)
-            security = self.broker.security
-            stores = await self.store.start_security(acls=security.authorizer is not None)
-            security.use_cluster_stores(stores.acls, stores.credentials, stores.quotas)
+            broker_security = self.broker.security
+            stores = await self.store.start_security(acls=broker_security.authorizer is not None)
+            broker_security.use_cluster_stores(stores.acls, stores.credentials, stores.quotas)
         except StoreUnavailable as exc:
             raise ClusterStartError(f"coordination service unreachable: {exc}") from None
         return self.store.cluster_id

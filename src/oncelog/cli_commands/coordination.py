@@ -19,6 +19,9 @@ users --entity-name broker`): brokers that authenticate to each other with SCRAM
 password is read from --password-file (`-`: standard input) or taken from --password; only the salted credential
 is stored. Brokers running already take the change at once; once a cluster runs, AlterUserScramCredentials
 (`kafka-configs --bootstrap-server ... --alter --add-config 'SCRAM-SHA-256=[password=...]'`) does the same.
+With --config (the brokers' server.properties) it logs in to ZooKeeper as the brokers do and creates what it
+creates with their ACLs (`zookeeper.set.acl`, the JAAS file of `java.security.auth.login.config` or KAFKA_OPTS;
+docs/security.md §9); --connect then defaults to the file's oncelog.coordination.connect.
 """
 
 from __future__ import annotations
@@ -53,8 +56,11 @@ def register(sub: Any, common: argparse.ArgumentParser) -> None:
 
     scram = verbs.add_parser("scram-credential", help="create or replace a user's SCRAM credential in a cluster's "
                                                       "ZooKeeper, before its brokers run")
-    scram.add_argument("--connect", required=True, metavar="HOST:PORT[/CHROOT]",
-                       help="the brokers' oncelog.coordination.connect")
+    scram.add_argument("--connect", metavar="HOST:PORT[/CHROOT]",
+                       help="the brokers' oncelog.coordination.connect (default: the --config file's)")
+    scram.add_argument("--config", metavar="FILE",
+                       help="the brokers' server.properties: their ZooKeeper login and znode ACLs "
+                            "(zookeeper.set.acl, java.security.auth.login.config)")
     scram.add_argument("--user", required=True, help="the user name (the principal is User:<name>)")
     scram.add_argument("--mechanism", default="SCRAM-SHA-512", choices=("SCRAM-SHA-256", "SCRAM-SHA-512"),
                        type=str.upper, help="default SCRAM-SHA-512")
@@ -94,17 +100,47 @@ def _scram_credential(args: argparse.Namespace) -> int:
         password = args.password
     if not password:
         raise CommandError("the password is empty")
+    connect, security = _zookeeper_of(args)
     from ..cluster.store.credentials import put_credential
     from ..cluster.store.errors import NotStored
 
     try:
-        put_credential(args.connect, args.user, from_password(args.mechanism, password, args.iterations),
-                       args.timeout)
+        put_credential(connect, args.user, from_password(args.mechanism, password, args.iterations),
+                       args.timeout, security)
     except NotStored as exc:
         raise CommandError(str(exc)) from None
     print(f"oncelog coordination: {args.mechanism} credential of {args.user} stored ({args.iterations} iterations)",
           flush=True)
     return 0
+
+
+def _zookeeper_of(args: argparse.Namespace) -> tuple[str, Any]:
+    """The connect string and ZooKeeper security (store/znode_acls.py) of --connect and --config."""
+    import os
+
+    from ..cluster.store.errors import ZkAuthError
+    from ..cluster.store.znode_acls import KEYS, OPEN, zk_security
+    from ..config import ConfigError, load_broker_config
+
+    if args.config is None:
+        if not args.connect:
+            raise CommandError("--connect or --config is needed")
+        return args.connect, OPEN
+    try:
+        with open(args.config, encoding="utf-8") as handle:
+            config = load_broker_config(handle.read(), strict=False)
+    except OSError as exc:
+        raise CommandError(f"--config {args.config}: {exc.strerror or exc}") from None
+    except ConfigError as exc:
+        raise CommandError(f"--config {args.config}: {exc}") from None
+    connect = args.connect or config["oncelog.coordination.connect"]
+    if not connect:
+        raise CommandError(f"--config {args.config} has no oncelog.coordination.connect: give --connect")
+    try:
+        security = zk_security({k: config[k] for k in KEYS if k in config.explicit}, os.environ)
+    except ZkAuthError as exc:
+        raise CommandError(str(exc)) from None
+    return connect, security
 
 
 def _classpath(args: argparse.Namespace) -> int:

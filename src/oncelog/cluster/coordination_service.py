@@ -16,6 +16,13 @@ server log, is appended to `zookeeper.log` there. Settings (`settings` are merge
     4lw.commands.whitelist empty, admin.enableServer false, reconfigEnabled false
     autopurge: keep 3 snapshots, purge hourly (a long-running `oncelog coordination start` stays small)
 
+With `sasl_users` ({user: password}) members also take SASL DIGEST-MD5 logins (docs/security.md §9): a JAAS file
+`jaas.conf` with their `Server` section is written next to zoo.cfg and named to the JVM
+(`-Djava.security.auth.login.config`), and zoo.cfg gets `authProvider.1=...SASLAuthenticationProvider`, so an
+authenticated client is `sasl:<user>` to znode ACLs. Clients that do not log in are still served (what the ACLs let
+them do) unless `require_sasl` (`sessionRequireClientSASLAuth=true`: ZooKeeper closes their session); the readiness
+probe then logs in as the first user. Without `sasl_users` nothing of this is written.
+
 ZooKeeper answers `srvr` whatever the whitelist says (its own zkServer.sh needs it); mode() reads it to tell the
 leader from the followers. A member is ready once a ZooKeeper session to it opens (kazoo): session creation goes
 through the same request pipeline, and in an ensemble through the quorum, as every write.
@@ -54,6 +61,9 @@ PROBE_POLL_S = 0.2              # how often a readiness wait checks that the JVM
 PORT_ATTEMPTS = 3               # fresh ports when a port picked free was taken before ZooKeeper bound it
 LOG_NAME = "zookeeper.log"
 CONFIG_NAME = "zoo.cfg"
+JAAS_NAME = "jaas.conf"
+SASL_PROVIDER = "org.apache.zookeeper.server.auth.SASLAuthenticationProvider"
+DIGEST_MODULE = "org.apache.zookeeper.server.auth.DigestLoginModule"
 
 _BIND_FAILURE = re.compile(r"BindException|Address already in use")
 _MODE = re.compile(rb"^Mode: (\w+)", re.MULTILINE)
@@ -122,7 +132,8 @@ def _quiet_logger() -> logging.Logger:
     return logger
 
 
-def session_opens(servers: str, timeout: float, alive: Callable[[], bool] | None = None) -> bool:
+def session_opens(servers: str, timeout: float, alive: Callable[[], bool] | None = None,
+                  sasl_options: Mapping[str, str] | None = None) -> bool:
     """Whether a ZooKeeper session to `servers` opens (and answers a read) within `timeout` seconds; False at
     once when `alive()` turns false (the JVM being waited for exited).
 
@@ -134,7 +145,8 @@ def session_opens(servers: str, timeout: float, alive: Callable[[], bool] | None
     from kazoo.retry import KazooRetry
 
     client = KazooClient(hosts=servers, timeout=PROBE_SESSION_TIMEOUT_S, logger=_quiet_logger(),
-                         connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=0.5))
+                         connection_retry=KazooRetry(max_tries=-1, delay=0.05, backoff=1.5, max_delay=0.5),
+                         sasl_options=dict(sasl_options) if sasl_options else None)
     deadline = time.monotonic() + timeout
     try:
         connected = client.start_async()
@@ -148,6 +160,15 @@ def session_opens(servers: str, timeout: float, alive: Callable[[], bool] | None
     finally:
         client.stop()
         client.close()
+
+
+def server_jaas(users: Mapping[str, str]) -> str:
+    """A JAAS file whose Server section lets ZooKeeper take DIGEST-MD5 logins of `users` ({user: password})."""
+    def quoted(text: str) -> str:
+        return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    options = "".join(f"\n    user_{user}={quoted(password)}" for user, password in users.items())
+    return f"Server {{\n  {DIGEST_MODULE} required{options};\n}};\n"
 
 
 def _prop_escape(value: str) -> str:
@@ -176,6 +197,8 @@ class Member:
         self.quorum_port = 0           # ensemble members only: followers connect to the leader here
         self.election_port = 0         # ensemble members only: leader election
         self.config: dict[str, str] = {}
+        self.jvm_options: list[str] = []       # -D properties before the main class
+        self.probe_sasl: dict[str, str] | None = None   # the readiness probe's login, when logins are required
         self.java = ""
         self.classpath = ""
         self.proc: subprocess.Popen | None = None
@@ -211,7 +234,7 @@ class Member:
             (self.directory / "myid").write_text(f"{self.member_id}\n")
         args = [*orphan_guard(), self.java, f"-Xmx{self.heap_mb}m", f"-Xms{min(self.heap_mb, 32)}m",
                 "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-                f"-Djava.io.tmpdir={self.directory}",
+                f"-Djava.io.tmpdir={self.directory}", *self.jvm_options,
                 "-Dorg.slf4j.simpleLogger.logFile=System.out", "-Dorg.slf4j.simpleLogger.showDateTime=true",
                 "-Dorg.slf4j.simpleLogger.dateTimeFormat=yyyy-MM-dd'T'HH:mm:ss.SSS",
                 "-cp", self.classpath, MAIN_CLASS, str(self.config_path)]
@@ -242,7 +265,7 @@ class Member:
             if remaining <= 0:
                 raise CoordinationServiceError(f"ZooKeeper member {self.member_id} ({self.address}) did not open "
                                                f"a session within {timeout:.0f} s:\n{self.log_tail()}")
-            if session_opens(self.address, remaining, self.alive):
+            if session_opens(self.address, remaining, self.alive, self.probe_sasl):
                 return
 
     def _raise_exited(self, what: str) -> None:
@@ -341,8 +364,13 @@ class _Members:
 
     def __init__(self, directories: list[Path], host: str, *, settings: Mapping[str, object] | None,
                  heap_mb: int, tick_time_ms: int, java: str | None, classpath: str | None,
-                 start_timeout: float) -> None:
+                 start_timeout: float, sasl_users: Mapping[str, str] | None = None,
+                 require_sasl: bool = False) -> None:
+        if require_sasl and not sasl_users:
+            raise ValueError("require_sasl needs sasl_users")
         self.host = host
+        self.sasl_users = dict(sasl_users or {})
+        self.require_sasl = require_sasl
         self.settings = {key: str(value) for key, value in (settings or {}).items()}
         self.tick_time_ms = tick_time_ms
         self.java = java
@@ -376,6 +404,10 @@ class _Members:
             "autopurge.snapRetainCount": "3",
             "autopurge.purgeInterval": "1",
         }
+        if self.sasl_users:
+            config["authProvider.1"] = SASL_PROVIDER
+            if self.require_sasl:
+                config["sessionRequireClientSASLAuth"] = "true"
         if len(self.members) > 1:
             for m in self.members:
                 config[f"server.{m.member_id}"] = f"{m.host}:{m.quorum_port}:{m.election_port}"
@@ -396,6 +428,15 @@ class _Members:
         for member in self.members:
             member.java, member.classpath = self.java, self.classpath
             member.config = self._config(member)
+            if self.sasl_users:
+                member.directory.mkdir(parents=True, exist_ok=True)
+                jaas = member.directory / JAAS_NAME
+                jaas.write_text(server_jaas(self.sasl_users))
+                jaas.chmod(0o600)
+                member.jvm_options = [f"-Djava.security.auth.login.config={jaas}"]
+                if self.require_sasl:
+                    user, password = next(iter(self.sasl_users.items()))
+                    member.probe_sasl = {"mechanism": "DIGEST-MD5", "username": user, "password": password}
 
     def _start_all(self, timeout: float) -> None:
         """Launch every member at once (an ensemble elects a leader only with a quorum up), then wait for each;
@@ -449,6 +490,7 @@ class _Members:
 
 class CoordinationService(_Members):
     """One ZooKeeper (standalone) on `host`:`port` with its data in `data_dir`; port 0 picks a free one.
+    `sasl_users`, `require_sasl`: SASL DIGEST-MD5 logins (see the module docstring).
 
     The port is kept once bound: restart() and a later start() use it again (a client's connect string stays
     valid). A data dir used before keeps its znodes.
@@ -457,9 +499,11 @@ class CoordinationService(_Members):
     def __init__(self, data_dir: str | Path, host: str = DEFAULT_HOST, port: int = 0, *,
                  settings: Mapping[str, object] | None = None, heap_mb: int = HEAP_MB,
                  tick_time_ms: int = TICK_TIME_MS, java: str | None = None, classpath: str | None = None,
-                 start_timeout: float = START_TIMEOUT_S) -> None:
+                 start_timeout: float = START_TIMEOUT_S, sasl_users: Mapping[str, str] | None = None,
+                 require_sasl: bool = False) -> None:
         super().__init__([Path(data_dir)], host, settings=settings, heap_mb=heap_mb, tick_time_ms=tick_time_ms,
-                         java=java, classpath=classpath, start_timeout=start_timeout)
+                         java=java, classpath=classpath, start_timeout=start_timeout, sasl_users=sasl_users,
+                         require_sasl=require_sasl)
         if port:
             self.member.client_port = port
             self._ports_fixed = True

@@ -52,6 +52,8 @@ from .store.quotas import ZkQuotaStore
 from .store.registration import BrokerRegistration, ControllerSeat
 from .store.session import Build, SessionHooks, StoreSession
 from .store.writes import MetadataWrites
+from .store.znode_acls import KEYS as ZK_SECURITY_KEYS  # noqa: F401 - callers import it from here
+from .store.znode_acls import OPEN, ZkSecurity, zk_security  # noqa: F401 - callers import zk_security from here
 from .store.znodes import (  # noqa: F401 - callers import these names from here
     BROKERS,
     CLUSTER_ID,
@@ -100,6 +102,7 @@ class MetadataStore:
         image: MetadataImage,
         chroot: str = DEFAULT_CHROOT,
         controller_session_timeout_ms: int | None = None,
+        security: ZkSecurity = OPEN,
     ) -> None:
         parsed = parse_connect(connect)
         self.connect = connect
@@ -121,7 +124,8 @@ class MetadataStore:
         # MAX_MULTI_BYTES is read from this module at each request: lowering it here is how tests make small
         # topics reach the limit.
         self.session = StoreSession(self.servers, self.root, session_timeout_ms, loop, hooks,
-                                    controller_session_timeout_ms, max_multi_bytes=lambda: MAX_MULTI_BYTES)
+                                    controller_session_timeout_ms, max_multi_bytes=lambda: MAX_MULTI_BYTES,
+                                    security=security)
 
         # Controller writes call `_commit` through this, looked up at each call: a test that replaces the store's
         # `_commit` sees every one of them.

@@ -57,3 +57,97 @@ def parse_jaas(text: str, key: str = "sasl.jaas.config") -> JaasEntry:
         raise JaasError(f"{key}: expected '<LoginModule class> required|requisite|sufficient|optional', got "
                         f"{' '.join(words)!r}")
     return JaasEntry(words[0], words[1].lower(), options)
+
+
+_SECTION = re.compile(r"\s*([A-Za-z0-9_.$-]+)\s*\{")
+
+
+def _without_comments(text: str) -> str:
+    """A JAAS file's text without `//`, `#` and `/* */` comments (quoted values kept whole)."""
+    out, pos, quoted = [], 0, False
+    while pos < len(text):
+        char = text[pos]
+        if quoted:
+            out.append(char)
+            if char == "\\" and pos + 1 < len(text):
+                out.append(text[pos + 1])
+                pos += 1
+            elif char == '"':
+                quoted = False
+            pos += 1
+        elif char == '"':
+            quoted = True
+            out.append(char)
+            pos += 1
+        elif text.startswith("/*", pos):
+            end = text.find("*/", pos + 2)
+            pos = len(text) if end < 0 else end + 2
+            out.append(" ")
+        elif text.startswith("//", pos) or char == "#":
+            end = text.find("\n", pos)
+            pos = len(text) if end < 0 else end
+        else:
+            out.append(char)
+            pos += 1
+    return "".join(out)
+
+
+def _split_outside_quotes(text: str, stop: str, start: int) -> tuple[list[str], int]:
+    """The `;`-terminated pieces of `text` from `start` up to the first unquoted `stop` character, and the index
+    after it (-1 when there is none)."""
+    pieces, piece, pos, quoted = [], [], start, False
+    while pos < len(text):
+        char = text[pos]
+        if quoted:
+            piece.append(char)
+            if char == "\\" and pos + 1 < len(text):
+                piece.append(text[pos + 1])
+                pos += 1
+            elif char == '"':
+                quoted = False
+        elif char == '"':
+            quoted = True
+            piece.append(char)
+        elif char == stop:
+            if "".join(piece).strip():
+                pieces.append("".join(piece))
+            return pieces, pos + 1
+        elif char == ";":
+            pieces.append("".join(piece) + ";")
+            piece = []
+        else:
+            piece.append(char)
+        pos += 1
+    return pieces, -1
+
+
+def parse_jaas_file(text: str, source: str = "JAAS file") -> dict[str, list[JaasEntry]]:
+    """The sections of a JAAS login configuration file (what Java's `java.security.auth.login.config` names):
+
+        Client {
+            org.apache.zookeeper.server.auth.DigestLoginModule required username="broker" password="secret";
+        };
+
+    section name -> its login modules in order, each parsed as `parse_jaas` parses one. JaasError names `source`
+    and the section when the file cannot be read."""
+    text = _without_comments(text)
+    sections: dict[str, list[JaasEntry]] = {}
+    pos = 0
+    while text[pos:].strip():
+        match = _SECTION.match(text, pos)
+        if match is None:
+            raise JaasError(f"{source}: expected '<Section name> {{' near {text[pos:].strip()[:20]!r}")
+        name = match.group(1)
+        pieces, end = _split_outside_quotes(text, "}", match.end())
+        if end < 0:
+            raise JaasError(f"{source}: section {name} has no closing '}}'")
+        if any(not piece.rstrip().endswith(";") for piece in pieces):
+            raise JaasError(f"{source}: section {name}: every login module must end with ';'")
+        semicolon = re.compile(r"\s*;").match(text, end)
+        if semicolon is None:
+            raise JaasError(f"{source}: section {name} must end with '}};'")
+        if name in sections:
+            raise JaasError(f"{source}: section {name} appears twice")
+        sections[name] = [parse_jaas(piece, f"{source} section {name}") for piece in pieces]
+        pos = semicolon.end()
+    return sections

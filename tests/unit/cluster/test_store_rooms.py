@@ -18,15 +18,16 @@ STORE = Path(store_package.__file__).parent
 ALLOWED = {
     "errors": set(),
     "znodes": set(),
-    "session": {"errors", "znodes"},
+    "session": {"errors", "znodes", "znode_acls"},
     "registration": {"errors", "znodes", "session"},
     "writes": {"errors", "znodes", "session"},
     "loader": {"errors", "znodes", "session"},
     "notifications": {"errors", "znodes", "session"},
     "acls": {"errors", "znodes", "session", "notifications"},
     "entity_configs": {"errors", "znodes", "session", "notifications"},
-    "credentials": {"errors", "znodes", "entity_configs", "notifications"},
+    "credentials": {"errors", "znodes", "entity_configs", "notifications", "znode_acls"},
     "quotas": {"znodes", "entity_configs"},
+    "znode_acls": {"errors"},
 }
 
 

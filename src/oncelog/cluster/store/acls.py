@@ -80,7 +80,7 @@ class ZkAclStore:
         """Create the layout where it is missing, then read everything (before the broker serves)."""
         for rel in znodes.SECURITY_LAYOUT:
             if rel.startswith("/kafka-acl"):
-                await self.session.call(self.session.kz().ensure_path_async(self.session.path(rel)))
+                await self.session.ensure_path(self.session.path(rel))
         await self.resync()
 
     async def resync(self) -> None:

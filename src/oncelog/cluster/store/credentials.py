@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from ...security.credentials import MECHANISM_CODES, ScramCredential
 from . import znodes
 from .entity_configs import Config, EntityConfigs
+from .znode_acls import OPEN, ZkSecurity, ensure_path
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +92,22 @@ class ZkCredentialStore:
                                  "SCRAM credentials")
 
 
-def put_credential(connect: str, user: str, credential: ScramCredential, timeout_s: float = 30.0) -> None:
+def put_credential(connect: str, user: str, credential: ScramCredential, timeout_s: float = 30.0,
+                   security: ZkSecurity = OPEN) -> None:
     """Create or replace `user`'s credential in the cluster whose brokers take `connect` (their
     oncelog.coordination.connect, chroot included; without one, the brokers' default chroot), with its change
     notification: brokers running already take it at once, brokers started later read it at start. Blocking (a
-    command-line tool's, not a broker's). Raises NotStored when it could not be stored."""
+    command-line tool's, not a broker's). `security`: the brokers' ZooKeeper login and whether znodes get ACLs
+    (store/znode_acls.py), so what it creates is the brokers' as if they had. Raises NotStored when it could not
+    be stored."""
     from kazoo.client import KazooClient
-    from kazoo.exceptions import BadVersionError, KazooException, NodeExistsError, NoNodeError
+    from kazoo.exceptions import (
+        AuthFailedError,
+        BadVersionError,
+        KazooException,
+        NodeExistsError,
+        NoNodeError,
+    )
     from kazoo.handlers.threading import KazooTimeoutError
 
     from ..connect import parse_connect
@@ -107,11 +117,15 @@ def put_credential(connect: str, user: str, credential: ScramCredential, timeout
     parsed = parse_connect(connect)
     root = (parsed.chroot or znodes.DEFAULT_CHROOT).rstrip("/")
     path = f"{root}{znodes.entity_znode(znodes.user_entity(user))}"
-    client = KazooClient(hosts=parsed.servers, timeout=timeout_s)
+    client = KazooClient(hosts=parsed.servers, timeout=timeout_s, **security.client_kwargs())
+
+    def acls(full: str) -> list:
+        return security.acls(full[len(root):] if full == root or full.startswith(root + "/") else full)
+
     try:
         client.start(timeout=timeout_s)
         for rel in (znodes.CONFIG_USERS, znodes.CONFIG_CHANGES):
-            client.ensure_path(root + rel)
+            ensure_path(client, root + rel, acls)
         for _ in range(MAX_UPDATE_RETRIES):
             try:
                 data, stat = client.get(path)
@@ -124,9 +138,9 @@ def put_credential(connect: str, user: str, credential: ScramCredential, timeout
             if exists:
                 txn.set_data(path, znodes.config_json(config), version)
             else:
-                txn.create(path, znodes.config_json(config))
-            txn.create(f"{root}{znodes.CONFIG_CHANGES}/{znodes.CONFIG_CHANGE_PREFIX}",
-                       znodes.config_change_json(znodes.user_entity(user)), sequence=True)
+                txn.create(path, znodes.config_json(config), acls(path))
+            notice = f"{root}{znodes.CONFIG_CHANGES}/{znodes.CONFIG_CHANGE_PREFIX}"
+            txn.create(notice, znodes.config_change_json(znodes.user_entity(user)), acls(notice), sequence=True)
             results = txn.commit()
             failures = [r for r in results if isinstance(r, Exception)]
             if not failures:
@@ -134,6 +148,9 @@ def put_credential(connect: str, user: str, credential: ScramCredential, timeout
             if not any(isinstance(r, (BadVersionError, NodeExistsError, NoNodeError)) for r in failures):
                 raise NotStored(f"could not store the credential: {failures[0]!r}")
         raise NotStored(f"could not store the credential: {path} changed under {MAX_UPDATE_RETRIES} attempts")
+    except AuthFailedError:
+        raise NotStored(f"ZooKeeper at {parsed.servers} refused the login of {security.describe()}: "
+                        "authentication failed") from None
     except KazooException as exc:
         raise NotStored(f"could not store the credential in ZooKeeper at {connect}: {exc!r}") from exc
     except KazooTimeoutError as exc:

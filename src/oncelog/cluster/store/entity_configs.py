@@ -57,7 +57,7 @@ class EntityConfigs:
 
     async def start(self) -> None:
         for rel in (CONFIG_USERS, CONFIG_CLIENTS, CONFIG_CHANGES):
-            await self.session.call(self.session.kz().ensure_path_async(self.session.path(rel)))
+            await self.session.ensure_path(self.session.path(rel))
         await self.resync()
 
     async def resync(self) -> None:

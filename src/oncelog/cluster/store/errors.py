@@ -43,3 +43,8 @@ class NotStored(OSError):
     compare-and-set lost too many times in a row). An OSError, as the security stores' protocols say a failed
     store is (security/acl_store.py, credentials.py, quotas.py): the request answers UNKNOWN_SERVER_ERROR. After a
     timeout the change may still have been made; its notification then tells every broker."""
+
+
+class ZkAuthError(StoreError):
+    """ZooKeeper credentials that are missing, unreadable or refused (`zookeeper.set.acl`, the JAAS file's Client
+    section): a broker stops at start rather than run unauthenticated (docs/security.md §9)."""

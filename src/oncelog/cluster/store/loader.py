@@ -57,14 +57,16 @@ class ImageLoader:
         """Create the layout where it is missing, and the cluster id if absent (`cluster_id` proposes one); read the
         cluster id into the image and return it."""
         for rel in ("", BROKERS, TOPICS, TOPIC_CONFIGS, DELETING):
-            await self._call(self._kz().ensure_path_async(self._p(rel) or "/"))
+            await self.session.ensure_path(self._p(rel))
         try:
-            await self._call(self._kz().create_async(self._p(CONTROLLER_EPOCH), znodes.dump({"controller_epoch": 0})))
+            await self._call(self._kz().create_async(self._p(CONTROLLER_EPOCH), znodes.dump({"controller_epoch": 0}),
+                                                     acl=self.session.acls(self._p(CONTROLLER_EPOCH))))
         except NodeExistsError:
             pass
         proposed = cluster_id or new_cluster_id()
         try:
-            await self._call(self._kz().create_async(self._p(CLUSTER_ID), znodes.dump({"id": proposed})))
+            await self._call(self._kz().create_async(self._p(CLUSTER_ID), znodes.dump({"id": proposed}),
+                                                     acl=self.session.acls(self._p(CLUSTER_ID))))
         except NodeExistsError:
             pass
         data, _ = await self._call(self._kz().get_async(self._p(CLUSTER_ID)))

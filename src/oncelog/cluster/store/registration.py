@@ -123,7 +123,8 @@ class BrokerRegistration:
         deadline: float | None = None
         while True:
             try:
-                _, stat = await session.call(session.kz().create_async(path, value, ephemeral=True, include_data=True))
+                _, stat = await session.call(session.kz().create_async(path, value, acl=session.acls(path),
+                                                                           ephemeral=True, include_data=True))
                 break
             except NodeExistsError:
                 pass

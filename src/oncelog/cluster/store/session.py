@@ -10,6 +10,10 @@
   /controller_epoch's version, so a deposed controller's writes fail as a unit. Fencing does not depend on either
   session's timing: it is that check.
 
+- Credentials and ACLs (store/znode_acls.py): both clients log in with the broker's ZooKeeper credentials, if it has
+  any, and `open` fails with ZkAuthError when ZooKeeper refuses them; `acls(path)` is the ACL a znode created at a
+  path gets (`ensure_path` creates missing parents each with its own).
+
 Threads: kazoo runs its own threads; its state and completion callbacks only hand work to the event loop
 (`call_soon_threadsafe`). Calls on the loop use kazoo's `*_async` variants awaited through `call`; the few blocking
 calls (starting and stopping a client) run in the default executor.
@@ -29,10 +33,12 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
+    AuthFailedError,
     BadVersionError,
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
+    NodeExistsError,
     NoNodeError,
     OperationTimeoutError,
     RolledBackError,
@@ -40,10 +46,21 @@ from kazoo.exceptions import (
     SessionExpiredError,
 )
 from kazoo.protocol.serialization import Transaction
-from kazoo.protocol.states import KazooState
+from kazoo.protocol.states import KazooState, KeeperState
+from kazoo.security import ACL
 
 from . import znodes
-from .errors import CONNECTED, LOST, SUSPENDED, NotController, RequestTooLarge, StoreError, StoreUnavailable
+from .errors import (
+    CONNECTED,
+    LOST,
+    SUSPENDED,
+    NotController,
+    RequestTooLarge,
+    StoreError,
+    StoreUnavailable,
+    ZkAuthError,
+)
+from .znode_acls import OPEN, ZkSecurity
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +72,22 @@ Build = Callable[[Any], None]
 CheckedCommit = Callable[[Build, int | None], Awaitable[list[Any]]]
 """`commit(build, controller_epoch)`: a multi-op behind the check that this broker's controller epoch is current
 (what the seat makes of `StoreSession.commit`: store/registration.py's ControllerSeat.commit), without one when None."""
+
+
+class _AclTransaction:
+    """A kazoo transaction whose creates get the ACL of their path (`StoreSession.acls`) unless given one: every
+    multi-op of the rooms goes through `StoreSession.commit`, so none creates a znode with the wrong ACL."""
+
+    def __init__(self, txn: Any, acls: Callable[[str], list[ACL]]) -> None:
+        self._txn = txn
+        self._acls = acls
+
+    def create(self, path: str, value: bytes = b"", acl: list[ACL] | None = None, ephemeral: bool = False,
+               sequence: bool = False) -> None:
+        self._txn.create(path, value, self._acls(path) if acl is None else acl, ephemeral, sequence)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._txn, name)
 
 
 def clock() -> float:
@@ -98,8 +131,10 @@ class StoreSession:
         hooks: SessionHooks,
         seat_timeout_ms: int | None = None,
         max_multi_bytes: Callable[[], int] = lambda: znodes.MAX_MULTI_BYTES,
+        security: ZkSecurity = OPEN,
     ) -> None:
         self.servers = servers
+        self.security = security                 # the clients' credentials, and whether znodes get ACLs
         self.root = root                         # the chroot: every path of `path()` is under it
         self.session_timeout_ms = session_timeout_ms
         self.seat_timeout_ms = seat_timeout_ms   # None: the seat rides the main session
@@ -128,6 +163,30 @@ class StoreSession:
     def path(self, rel: str) -> str:
         """A path of the layout (store/znodes.py) under the chroot."""
         return self.root + rel
+
+    def acls(self, path: str) -> list[ACL]:
+        """The ACL of a znode created at `path` (a full path, as `path()` gives; the chroot and its parents
+        are judged as themselves)."""
+        root = self.root
+        rel = path[len(root):] if root and (path == root or path.startswith(root + "/")) else path
+        return self.security.acls(rel)
+
+    async def ensure_path(self, path: str) -> None:
+        """Create `path` (a full path) and its missing parents, each with its own ACL (kazoo's ensure_path would
+        give every parent the leaf's). Asks whether it exists first, as kazoo's does: a create of a znode that exists
+        under a parent this login may not create in fails with NoAuthError, not NodeExistsError."""
+        if path in ("", "/") or await self.call(self.kz().exists_async(path)) is not None:
+            return
+        try:
+            await self.call(self.kz().create_async(path, b"", acl=self.acls(path)))
+        except NodeExistsError:
+            pass
+        except NoNodeError:
+            await self.ensure_path(path.rsplit("/", 1)[0])
+            try:
+                await self.call(self.kz().create_async(path, b"", acl=self.acls(path)))
+            except NodeExistsError:
+                pass
 
     @property
     def timeout_s(self) -> float:
@@ -192,6 +251,7 @@ class StoreSession:
         self._client.add_listener(self._on_kazoo_state)
         await self.loop.run_in_executor(None, self._client.start_async)
         await self._wait_connected(self._client, deadline, timeout_s)
+        await self._check_login(self._client, timeout_s)
         self._session_id = self._client.client_id[0] if self._client.client_id else None
         self._confirmed_at, self._confirmed_session = clock(), self._session_id
 
@@ -204,6 +264,7 @@ class StoreSession:
         self._seat_client.add_listener(self._on_seat_kazoo_state)
         await self.loop.run_in_executor(None, self._seat_client.start_async)
         await self._wait_connected(self._seat_client, deadline, timeout_s)
+        await self._check_login(self._seat_client, timeout_s)
         self._seat_session_id = self._seat_client.client_id[0] if self._seat_client.client_id else None
         self._set_seat_state(CONNECTED)
 
@@ -216,7 +277,8 @@ class StoreSession:
         timeout_s = timeout_ms / 1000.0
         client = KazooClient(hosts=self.servers, timeout=timeout_s,
                              connection_retry={"max_tries": -1, "delay": 0.1, "backoff": 2,
-                                               "max_delay": max(0.2, timeout_s / 6)})
+                                               "max_delay": max(0.2, timeout_s / 6)},
+                             **self.security.client_kwargs())
         connection = getattr(client, "_connection", None)
         connect = getattr(connection, "_connect", None)
         if connect is not None:
@@ -237,16 +299,41 @@ class StoreSession:
             connection._connect = connect_and_note
         return client
 
+    def _refused(self) -> ZkAuthError:
+        return ZkAuthError(f"ZooKeeper at {self.servers} refused the login of {self.security.describe()}: "
+                           "authentication failed (check the username and password against the ZooKeeper "
+                           "server's JAAS Server section)")
+
+    async def _check_login(self, client: KazooClient, timeout_s: float) -> None:
+        """With credentials: one round trip, which kazoo sends only after its SASL exchange, so a refused login
+        is known now (ZkAuthError, the session closed) rather than at the first write."""
+        if self.security.credentials is None:
+            return
+        try:
+            await self.call(client.exists_async("/"), timeout=timeout_s, confirms=False)
+        except ZkAuthError:
+            await self.close()
+            raise
+
     async def _wait_connected(self, client: KazooClient, deadline: float, timeout_s: float) -> None:
         report_every = 1.0
+        def refused() -> bool:
+            # Only a login can be refused. kazoo then stops connecting for good (AUTH_FAILED, then CLOSED): a client
+            # that closed while this waits, unasked, was refused.
+            return (self.security.credentials is not None
+                    and client.client_state in (KeeperState.AUTH_FAILED, KeeperState.CLOSED))
+
         while not client.connected:
+            if refused():
+                await self.close()
+                raise self._refused()
             remaining = deadline - self.loop.time()
             if remaining <= 0:
                 await self.close()
                 raise StoreUnavailable(f"no ZooKeeper session with {self.servers} after {timeout_s:.0f}s")
             try:
                 async with asyncio.timeout(min(remaining, report_every)):
-                    while not client.connected:
+                    while not client.connected and not refused():
                         await asyncio.sleep(0.05)
             except TimeoutError:
                 log.warning("coordination service %s unreachable for %.0fs; retrying (gives up after %.0fs)",
@@ -324,6 +411,8 @@ class StoreSession:
             # answer does, which leaves the cancelled task running
             async with asyncio.timeout(timeout if timeout is not None else self.timeout_s):
                 return await future
+        except AuthFailedError:
+            raise self._refused() from None
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(f"ZooKeeper request failed: {exc!r}") from exc
         except TimeoutError as exc:
@@ -335,7 +424,7 @@ class StoreSession:
         larger than ZooKeeper takes in one request (it would drop the connection instead of answering). Returns
         the results; raises NotController when the check failed, else the first failing op's error.
         `seat`: on the seat session (the seat's own znode), else on the main session."""
-        txn = (self.seat_kz() if seat else self.kz()).transaction()
+        txn = _AclTransaction((self.seat_kz() if seat else self.kz()).transaction(), self.acls)
         if epoch is not None:
             txn.check(self.path(znodes.CONTROLLER_EPOCH), epoch[1])
         build(txn)

@@ -367,7 +367,8 @@ class MetadataWrites:
             except NoNodeError:
                 try:
                     await self._call(self._kz().create_async(
-                        path, znodes.dump({"broker": node_id, "block_start": 0, "block_end": block_size})))
+                        path, znodes.dump({"broker": node_id, "block_start": 0, "block_end": block_size}),
+                        acl=self.session.acls(path)))
                     return 0, block_size
                 except NodeExistsError:
                     continue
