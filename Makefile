@@ -93,7 +93,9 @@ bench-cluster: setup coordination-setup
 # prints the anomaly table and writes JSON to FAULTS_OUT (a directory or a .json path). Zero anomalies or exit 1.
 # CLUSTER=1: three brokers on a 3-member ZooKeeper ensemble (needs make coordination-setup), the idempotent,
 # consumer-group, transactional, exactly-once copy and Spark workloads, broker/controller/ZooKeeper kills, pauses
-# past the session and inter-broker cuts and delays.
+# past the session and inter-broker cuts and delays. SECURE=1 (with CLUSTER=1): the same on a secured cluster, SASL_SSL
+# listeners (SCRAM-SHA-512 between brokers), ACLs on, the workers a principal with only their workload's ACLs; the
+# Spark workload is left out (tests/faults/README.md).
 RUNS ?= 3
 SEED ?= 1
 FAULT_SECONDS ?= 30
@@ -116,7 +118,8 @@ ATHERIS_SECONDS ?= 120
 
 faults: setup $(if $(CLUSTER),coordination-setup)
 	$(PY) -m tests.faults.runner --runs $(RUNS) --seed $(SEED) --seconds $(FAULT_SECONDS) \
-		--clients $(CLIENTS) --out $(FAULTS_OUT) $(if $(FAULTS_KEEP),--keep $(FAULTS_KEEP)) $(if $(CLUSTER),--cluster)
+		--clients $(CLIENTS) --out $(FAULTS_OUT) $(if $(FAULTS_KEEP),--keep $(FAULTS_KEEP)) $(if $(CLUSTER),--cluster) \
+		$(if $(SECURE),--secure)
 
 fuzz: setup
 	FUZZ_RANDOM=1 FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) FUZZ_E2E_EXAMPLES=$(FUZZ_E2E_EXAMPLES) FUZZ_SECONDS=$(FUZZ_SECONDS) \

@@ -49,6 +49,16 @@ from tests.faults.checker import Report
 from tests.faults.proxy import FaultProxy
 from tests.faults.replicas import divergences
 from tests.faults.runner import BROKER_SETTINGS, PARTITIONS, WORKLOADS, Run, Worker
+from tests.faults.secure import (
+    GONE,
+    LinkProxy,
+    Security,
+    grant,
+    owner,
+    socket_inode,
+    wait_for_acls,
+    workload_acls,
+)
 
 BROKERS = 3
 MEMBERS = 3
@@ -87,11 +97,20 @@ class FaultCluster:
     """The ensemble, the brokers (`ClusterProcess` on the ensemble) and one FaultProxy in front of each broker."""
 
     def __init__(self, directory: Path, settings: dict[str, object] | None = None, brokers: int = BROKERS,
-                 members: int = MEMBERS) -> None:
+                 members: int = MEMBERS, secure: bool = False) -> None:
         self.directory = directory
         self.settings = dict(CLUSTER_SETTINGS if settings is None else settings)
         self.ensemble = Ensemble(directory / "coordination", members)
-        self.proxies = {i: FaultProxy(upstream_port=0) for i in range(1, brokers + 1)}
+        # Secured (tests/faults/secure.py): SASL_SSL listeners, ACLs; the proxies sit in front of the TLS
+        # inter-broker listener and tell brokers apart by their sockets, not by a client id they cannot read.
+        self.security: Security | None = None
+        if secure:
+            directory.mkdir(parents=True, exist_ok=True)
+            self.security = Security(directory)
+            self.settings.update(self.security.settings())
+            self.proxies: dict[int, FaultProxy] = {i: LinkProxy(self._broker_of) for i in range(1, brokers + 1)}
+        else:
+            self.proxies = {i: FaultProxy(upstream_port=0) for i in range(1, brokers + 1)}
         self.processes: ClusterProcess | None = None
         self.paused: set[int] = set()
         self.down: set[int] = set()
@@ -100,16 +119,35 @@ class FaultCluster:
     def start(self, timeout: float = START_S) -> FaultCluster:
         deadline = time.monotonic() + timeout
         self.ensemble.start()
+        if self.security is not None:
+            self.security.write_credentials(self.ensemble.connect_string(CHROOT))
         for proxy in self.proxies.values():
             proxy.start()
+        # Secured, only the inter-broker listener is advertised at the proxy (clients reach CLIENT directly).
+        advertised = "BROKER://{}" if self.security is not None else "{}"
         self.processes = ClusterProcess(
             self.directory, len(self.proxies), self.settings, connect=self.ensemble.connect_string(CHROOT),
-            broker_settings={i: {"advertised.listeners": p.address} for i, p in self.proxies.items()})
+            broker_settings={i: {"advertised.listeners": advertised.format(p.address)}
+                             for i, p in self.proxies.items()})
         self.processes.start(max(deadline - time.monotonic(), 1.0))
         # The brokers' ports are known once they listen; they keep them across restarts.
         for i, broker in self.processes.brokers.items():
-            self.proxies[i].upstream_port = broker.port
+            self.proxies[i].upstream_port = broker.port if self.security is None else int(
+                broker.listener("BROKER").rsplit(":", 1)[1])
         return self
+
+    def _broker_of(self, peer_port: int, proxy_port: int) -> int | None:
+        """The broker whose process holds the socket 127.0.0.1:`peer_port` connected to a proxy (secured runs)."""
+        if self.processes is None:
+            return None
+        inode = socket_inode(peer_port, proxy_port)
+        if inode is None:
+            return GONE
+        pids = {b.pid: i for i, b in self.processes.brokers.items() if b.pid is not None}
+        node = owner(inode, pids)
+        if node is None and socket_inode(peer_port, proxy_port) is None:
+            return GONE  # closed while its owner was looked for
+        return node
 
     def stop(self) -> None:
         """SIGKILL the brokers (their data goes with the run), stop ZooKeeper and the proxies."""
@@ -123,7 +161,21 @@ class FaultCluster:
 
     @property
     def bootstrap(self) -> str:
+        """Where clients bootstrap: the proxies; secured, every broker's CLIENT listener."""
+        if self.security is not None:
+            assert self.processes is not None
+            return ",".join(b.listener("CLIENT") for b in self.processes.brokers.values())
         return ",".join(p.address for p in self.proxies.values())
+
+    @property
+    def harness_config(self) -> dict[str, str]:
+        """The harness's own client settings (admin, a super user, when secured)."""
+        return dict(self.security.admin) if self.security is not None else {}
+
+    @property
+    def worker_config(self) -> dict[str, str]:
+        """The workloads' client settings (app, ACLs only, when secured)."""
+        return dict(self.security.app) if self.security is not None else {}
 
     @property
     def nodes(self) -> list[int]:
@@ -140,6 +192,8 @@ class FaultCluster:
         last: Exception | None = None
         for node in self.responsive():
             try:
+                if self.security is not None:  # as admin over CLIENT: topics are invisible on HARNESS
+                    return self.security.metadata(self.processes.brokers[node].listener("CLIENT"), topics)
                 return self.processes.metadata(node, topics, timeout=5.0)
             except Exception as exc:  # noqa: BLE001 - that broker may be going down: ask the next
                 last = exc
@@ -268,22 +322,43 @@ def by_topic(lagging: list[str], topics: Iterable[str]) -> dict[str, list[str]]:
 class ClusterRun(Run):
     """One fault run on a FaultCluster: the runner's workloads, histories and checker; the cluster's nemeses."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, secure: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.cluster = FaultCluster(self.dir / "cluster")
+        self.cluster = FaultCluster(self.dir / "cluster", secure=secure)
         self.topics = WORKLOADS[self.workload][1]
 
     def start(self) -> None:
         self.cluster.start()
         self._create_topics()
+        self._grant_acls()
         self._wait_in_sync("topics created")
         self.spawn_workers()
+
+    def _grant_acls(self) -> None:
+        """Secured: the ACLs of the workload for app, created as admin, then waited for on every broker."""
+        security = self.cluster.security
+        if security is None:
+            return
+        assert self.cluster.processes is not None
+        acls = workload_acls(self.workload, self.topics)
+        grant({"bootstrap.servers": self.cluster.bootstrap, **security.admin}, acls)
+        addresses = {i: b.listener("CLIENT") for i, b in self.cluster.processes.brokers.items()}
+        took = wait_for_acls(security, addresses, list(self.topics), converge_s())
+        self.nemesis_log.log("info", acls=[str(a) for a in acls], acls_applied_s=round(took, 1))
+
+    @property
+    def harness_config(self) -> dict[str, str]:
+        return self.cluster.harness_config
+
+    @property
+    def worker_config(self) -> dict[str, str]:
+        return self.cluster.worker_config
 
     def _create_topics(self) -> None:
         """The workload's topics at RF 3. The controller may not see every registered broker yet (each broker's
         image follows ZooKeeper by its own watches, docs/cluster.md §6): INVALID_REPLICATION_FACTOR is asked
         again until the cluster converges."""
-        admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap})
+        admin = AdminClient({"bootstrap.servers": self.cluster.bootstrap, **self.cluster.harness_config})
         missing = list(self.topics)
         deadline = time.monotonic() + converge_s()
         while missing:
@@ -438,6 +513,13 @@ class ClusterRun(Run):
     def heal(self) -> None:
         self.cluster.heal()
         self._wait_in_sync("after the heal")
+        # Which brokers each proxy saw connect (the links a fault can strike) and, secured, how many connections
+        # it could not attribute to a broker (those pass whatever the links' modes).
+        self.notes["proxies"] = {
+            node: {"peers": sorted(proxy.peers_seen), "connections": proxy.connections,
+                   **({"unidentified": proxy.unidentified} if isinstance(proxy, LinkProxy) else {})}
+            for node, proxy in self.cluster.proxies.items()}
+        self.nemesis_log.log("info", proxies=self.notes["proxies"])
 
     def finish(self) -> dict[str, Report]:
         """The runner's checks, then the replicas compared on disk once the workers are done and every replica

@@ -1,10 +1,11 @@
 """Fault runs: a real broker behind a misbehaving proxy, workload processes, a nemesis, then the checker.
 
-`python -m tests.faults.runner --runs N --seed S --seconds T [--workloads ...] [--nemeses ...] [--cluster]`
+`python -m tests.faults.runner --runs N --seed S --seconds T [--workloads ...] [--nemeses ...] [--cluster [--secure]]`
 prints a table (runs, faults, operations, every anomaly count) and writes JSON. One run = one workload under one
 nemesis mix:
 1. start a broker (fresh data dir) that advertises the proxy's address, and the proxy (with `--cluster`: a
-   ZooKeeper ensemble and three brokers, each behind its own proxy; tests/faults/cluster.py);
+   ZooKeeper ensemble and three brokers, each behind its own proxy; tests/faults/cluster.py; with `--secure`
+   SASL_SSL listeners, ACLs on and the workers a principal with only their workload's ACLs: tests/faults/secure.py);
 2. start the workload's worker processes (they stop by themselves after T seconds);
 3. the nemesis injects faults at random (seeded) moments until T, then heals everything;
 4. wait for the workers, wait for every last stable offset to reach its high watermark, read every partition
@@ -69,6 +70,7 @@ class RunResult:
     seconds: float = 0.0
     client_restarts: int = 0  # a client call hung (librdkafka 5456/5511) and the watchdog restarted the worker
     client_kills: dict[str, int] = field(default_factory=dict)  # worker -> SIGKILLs that client-kill dealt it
+    notes: dict[str, Any] = field(default_factory=dict)  # what the run noted about itself (cluster: its proxies)
 
 
 # -- workloads: which workers, on which topics -------------------------------------------------------------------
@@ -168,6 +170,7 @@ class Run:
         self.stuck: list[str] = []  # workers that did not stop by themselves
         self.hung: list[str] = []  # workers restarted after their watchdog saw a client call hang
         self.kills: list[str] = []  # workers SIGKILLed by client-kill
+        self.notes: dict[str, Any] = {}
 
     # -- setup ------------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -213,6 +216,12 @@ class Run:
                "--history", str(self.history), "--name", name, "--partitions", str(PARTITIONS),
                "--seconds", str(self.remaining()), "--seed", str(self.rng.randrange(1 << 30)),
                "--txn-timeout-ms", str(TXN_TIMEOUT_MS), *args]
+        if self.worker_config:  # secured: the workers' credentials, in a file of the run's (not on the command line)
+            config = self.dir / "worker-client.json"
+            if not config.exists():
+                config.touch(mode=0o600)
+                config.write_text(json.dumps(self.worker_config))
+            cmd += ["--client-config", str(config)]
         log = open(self.dir / f"{name}.log", "ab")  # noqa: SIM115 - the child owns it
         env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
         w.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -229,6 +238,16 @@ class Run:
         """What the final read uses: straight to the broker."""
         assert self.broker is not None
         return self.broker.bootstrap
+
+    @property
+    def harness_config(self) -> dict[str, str]:
+        """Client settings of the harness's own clients (final read, group offsets): none on a plain broker."""
+        return {}
+
+    @property
+    def worker_config(self) -> dict[str, str]:
+        """Client settings every worker adds to its clients' (`--client-config`): none on a plain broker."""
+        return {}
 
     def remaining(self) -> float:
         if self.deadline is None:
@@ -371,7 +390,7 @@ class Run:
     def group_offsets(self, group: str, topic: str) -> dict[int, int]:
         """The group's committed offset of each partition of `topic` after the run (-1: none)."""
         consumer = CKConsumer({"bootstrap.servers": self.read_bootstrap, "group.id": group,
-                               "enable.auto.commit": False})
+                               "enable.auto.commit": False, **self.harness_config})
         try:
             found = consumer.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], 30)
         finally:
@@ -380,7 +399,7 @@ class Run:
 
     def final_read(self, topic: str) -> FinalRead:
         bootstrap = self.read_bootstrap
-        admin = AdminClient({"bootstrap.servers": bootstrap})
+        admin = AdminClient({"bootstrap.servers": bootstrap, **self.harness_config})
         tps = [TopicPartition(topic, p) for p in range(PARTITIONS)]
         deadline = time.monotonic() + TXN_TIMEOUT_MS / 1000 + HEAL_MARGIN_S
         caught_up: dict[int, bool] = {}
@@ -399,7 +418,8 @@ class Run:
 
         def scan(iso: str) -> dict[int, list[tuple[int, str]]]:
             out: dict[int, list[tuple[int, str]]] = {p: [] for p in range(PARTITIONS)}
-            for rec in ck_consume(bootstrap, topic, starts, timeout=120, **{"isolation.level": iso}):
+            for rec in ck_consume(bootstrap, topic, starts, timeout=120,
+                                  **{**self.harness_config, "isolation.level": iso}):
                 out[rec.partition].append((rec.offset, rec.value.decode()))
             return out
 
@@ -430,13 +450,15 @@ def _topic_of(event: dict[str, Any], workers: list[Worker]) -> str | None:
 
 
 def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client: str, keep: Path | None,
-            cluster: bool = False) -> RunResult:
+            cluster: bool = False, secure: bool = False) -> RunResult:
+    if secure and not cluster:
+        raise ValueError("secure runs are cluster runs (--secure needs --cluster)")
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="oncelog-faults-") as tmp:
         if cluster:
             from tests.faults.cluster import ClusterRun
 
-            run: Run = ClusterRun(workload, nemeses, seed, seconds, client, Path(tmp))
+            run: Run = ClusterRun(workload, nemeses, seed, seconds, client, Path(tmp), secure=secure)
         else:
             run = Run(workload, nemeses, seed, seconds, client, Path(tmp))
         try:
@@ -446,12 +468,12 @@ def one_run(workload: str, nemeses: list[str], seed: int, seconds: float, client
         finally:
             run.stop()
             if keep is not None:
-                dest = keep / f"{'cluster-' if cluster else ''}{workload}-{client}-{seed}"
+                dest = keep / f"{'cluster-' if cluster else ''}{'secure-' if secure else ''}{workload}-{client}-{seed}"
                 subprocess.run(["cp", "-r", tmp, str(dest)], check=False)
         operations = sum(1 for e in read_events(run.history) if e.get("phase") in ("invoke", None)
                          and e["op"] in ("send", "read", "delete", "commit"))
     return RunResult(workload, nemeses, seed, client, reports, run.faults, operations, time.monotonic() - started,
-                     len(run.hung) + len(run.stuck), dict(Counter(run.kills)))
+                     len(run.hung) + len(run.stuck), dict(Counter(run.kills)), run.notes)
 
 
 def summarize(results: list[RunResult], all_nemeses: list[str] | None = None) -> dict[str, Any]:
@@ -462,7 +484,8 @@ def summarize(results: list[RunResult], all_nemeses: list[str] | None = None) ->
         rows.append({"workload": r.workload, "client": r.client, "seed": r.seed, "nemesis": label, "nemeses": r.nemeses,
                      "faults": r.faults,
                      "operations": r.operations, "seconds": round(r.seconds, 1),
-                     "client_restarts": r.client_restarts, "client_kills": r.client_kills, **counts,
+                     "client_restarts": r.client_restarts, "client_kills": r.client_kills, "notes": r.notes,
+                     **counts,
                      "examples": {name: rep.anomalies[name][:3] for rep in r.report.values()
                                   for name in ANOMALIES if rep.anomalies[name]}})
     return {"runs": rows, "total": {
@@ -565,15 +588,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nemeses", help=f"default: {','.join(NEMESES)}; with --cluster {','.join(CLUSTER_NEMESES)}")
     parser.add_argument("--cluster", action="store_true",
                         help="three brokers (RF 3, min.insync.replicas 2) on a 3-member ZooKeeper ensemble")
+    parser.add_argument("--secure", action="store_true",
+                        help="with --cluster: SASL_SSL listeners (SCRAM-SHA-512 between brokers), ACLs on, the "
+                             "workers a principal holding only their workload's ACLs (tests/faults/secure.py)")
     parser.add_argument("--clients", default=",".join(CLIENTS),
                         help="comma-separated clients the workers use (confluent, oncelog); runs alternate them")
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"),
                         help="directory for faults-<time>.json, or a path ending in .json")
     parser.add_argument("--keep", help="copy each run's histories and logs into this directory")
     args = parser.parse_args(argv)
+    if args.secure and not args.cluster:
+        raise SystemExit("--secure runs the cluster fault runs on a secured cluster: it needs --cluster")
     if args.cluster:
         cluster_runtime()
     default_workloads = CLUSTER_WORKLOADS if args.cluster else SINGLE_NODE_WORKLOADS
+    if args.secure:
+        from tests.faults.secure import SECURE_WORKLOADS
+
+        default_workloads = SECURE_WORKLOADS
+        if args.workloads and "spark" in args.workloads.split(","):
+            raise SystemExit("--secure: the spark workload does not run on the secured cluster (its worker passes no "
+                             "security options to the pipeline; the sink under ACLs: docs/security.md §9)")
     workloads = usable_workloads((args.workloads or ",".join(default_workloads)).split(","))
     clients = args.clients.split(",")
     if unknown := sorted(set(clients) - set(CLIENTS)):
@@ -585,7 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         keep.mkdir(parents=True, exist_ok=True)
     results = []
     for i, (workload, run_nemeses, client) in enumerate(plan(args.runs, workloads, nemeses, clients)):
-        result = one_run(workload, run_nemeses, args.seed + i, args.seconds, client, keep, cluster=args.cluster)
+        result = one_run(workload, run_nemeses, args.seed + i, args.seconds, client, keep, cluster=args.cluster,
+                         secure=args.secure)
         results.append(result)
         print(f"run {i + 1}/{args.runs}: {workload} ({client}) under {_nemesis_label(run_nemeses, nemeses)} seed "
               f"{args.seed + i}: {result.faults} faults, {result.operations} ops, {result.seconds:.0f} s", flush=True)

@@ -2,7 +2,8 @@
 three brokers at replication factor 3 on a 3-member ZooKeeper ensemble, every cluster nemesis mixed), the
 idempotent workload, the consumer-group workload and the transactional one, with oncelog's own client (the
 consumer's batch that spanned a rebalance is fixed: tests/integration/client/test_consumer_rebalance_rewind.py),
-must end with zero anomalies. `make faults CLUSTER=1 RUNS=N` is the long version.
+must end with zero anomalies, and so must a short transactional run on the secured cluster (cluster_slow; `--secure`,
+tests/faults/secure.py). `make faults CLUSTER=1 [SECURE=1] RUNS=N` is the long version.
 
 Bounded: each run injects faults for FAULTS_CLUSTER_TEST_SECONDS (default 20) and then heals; 30-50 s each.
 Skipped with the reason where ZooKeeper cannot run (no java, or its jars not resolved: make coordination-setup).
@@ -57,3 +58,20 @@ def test_short_cluster_fault_run_has_no_anomalies(workload, seed, client):
     assert result.operations > 0, "the workload did nothing"
     found = {name: [a for rep in result.report.values() for a in rep.anomalies[name]] for name in ANOMALIES}
     assert not any(found.values()), {name: items[:3] for name, items in found.items() if items}
+
+
+@pytest.mark.cluster_slow  # one more cluster run of 35-50 s: make cluster-test, not make test's budget
+@pytest.mark.timeout(420)
+def test_short_secured_cluster_fault_run_has_no_anomalies():
+    """`--secure` (tests/faults/secure.py): SASL_SSL listeners with SCRAM-SHA-512 between the brokers, ACLs on,
+    the transactional workload's clients a principal holding only its ACLs, every cluster nemesis mixed. Every
+    broker's proxy must have seen both other brokers connect through it and attributed each connection to its
+    broker (the inter-broker listener speaks TLS: the proxies learn the peer from its socket, and an unattributed
+    connection would pass through every cut)."""
+    result = one_run("transactions", list(CLUSTER_NEMESES), 26, SECONDS, "oncelog", None, cluster=True, secure=True)
+    assert result.faults > 0, "the nemesis injected nothing"
+    assert result.operations > 0, "the workload did nothing"
+    found = {name: [a for rep in result.report.values() for a in rep.anomalies[name]] for name in ANOMALIES}
+    assert not any(found.values()), {name: items[:3] for name, items in found.items() if items}
+    proxies = result.notes["proxies"]
+    assert all(len(p["peers"]) == 2 and p["unidentified"] == 0 for p in proxies.values()), proxies

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import faulthandler
+import json
 import os
 import random
 import signal
@@ -52,6 +53,16 @@ class Watchdog:
                 sys.stderr.write(f"worker made no progress for {HANG_AFTER_S:.0f} s: exiting to be restarted\n")
                 sys.stderr.flush()
                 os._exit(HANG_EXIT)
+
+
+# Settings every client of this worker adds (`--client-config`, a JSON object): a secured cluster's
+# security.protocol, ssl.ca.location and SASL credentials (tests/faults/secure.py); empty otherwise.
+CLIENT_CONFIG: dict[str, str] = {}
+
+
+def _base(bootstrap: str) -> dict[str, str]:
+    """The start of every client's configuration: where to bootstrap and how to authenticate."""
+    return {"bootstrap.servers": bootstrap, **CLIENT_CONFIG}
 
 
 def _confluent():
@@ -111,7 +122,7 @@ class AckedOffsets:
 def producer(args: argparse.Namespace, h: HistoryWriter) -> None:
     """Idempotent producer: unique values round-robin over partitions, acks=all, a bounded rate."""
     Producer, _, _ = _client_modules(args.client)
-    p = Producer({"bootstrap.servers": args.bootstrap, "enable.idempotence": True, "acks": "all",
+    p = Producer({**_base(args.bootstrap), "enable.idempotence": True, "acks": "all",
                   "linger.ms": 5, "delivery.timeout.ms": 120_000, "request.timeout.ms": 5_000,
                   "max.in.flight.requests.per.connection": 5,
                   **_debug(args)})
@@ -146,7 +157,7 @@ def txn_producer(args: argparse.Namespace, h: HistoryWriter) -> None:
     """Transactions of a few records; about a third aborted, some stalled past the transaction timeout."""
     Producer, _, _ = _client_modules(args.client)
     rng = random.Random(args.seed)
-    conf = {"bootstrap.servers": args.bootstrap, "transactional.id": f"fault-{args.name}",
+    conf = {**_base(args.bootstrap), "transactional.id": f"fault-{args.name}",
             "transaction.timeout.ms": args.txn_timeout_ms, "linger.ms": 5, "request.timeout.ms": 5_000}
     p = Producer(conf)
     p.init_transactions(60)
@@ -215,7 +226,7 @@ def reader(args: argparse.Namespace, h: HistoryWriter) -> None:
     session = 0
     positions = {p: 0 for p in range(args.partitions)}
     while time.monotonic() < deadline:
-        c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": f"fault-{args.name}",
+        c = Consumer({**_base(args.bootstrap), "group.id": f"fault-{args.name}",
                       "enable.auto.commit": False, "isolation.level": iso, "auto.offset.reset": "earliest",
                       "session.timeout.ms": 10_000})
         c.assign([TopicPartition(args.topic, p, positions[p]) for p in range(args.partitions)])
@@ -236,7 +247,7 @@ def reader(args: argparse.Namespace, h: HistoryWriter) -> None:
 
 def _admin(bootstrap: str) -> Any:
     _, admin = _confluent()
-    return admin.AdminClient({"bootstrap.servers": bootstrap, "socket.timeout.ms": 5_000})
+    return admin.AdminClient({**_base(bootstrap), "socket.timeout.ms": 5_000})
 
 
 def deleter(args: argparse.Namespace, h: HistoryWriter) -> None:
@@ -285,10 +296,10 @@ def copier(args: argparse.Namespace, h: HistoryWriter) -> None:
     more transactions per record copied: tests/cluster/test_transactions_copier.py uses that to keep a short copy
     running through its bounces)."""
     Producer, Consumer, TopicPartition = _client_modules(args.client)
-    conf = {"bootstrap.servers": args.bootstrap, "transactional.id": f"fault-copier-{args.slot}",
+    conf = {**_base(args.bootstrap), "transactional.id": f"fault-copier-{args.slot}",
             "transaction.timeout.ms": args.txn_timeout_ms, "linger.ms": 5, "request.timeout.ms": 5_000}
     conf.update(_debug(args))
-    c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "enable.auto.commit": False,
+    c = Consumer({**_base(args.bootstrap), "group.id": args.group, "enable.auto.commit": False,
                   "isolation.level": "read_committed", "auto.offset.reset": "earliest",
                   "session.timeout.ms": 10_000, **_debug(args)})
     c.subscribe([args.in_topic])
@@ -372,7 +383,7 @@ def group_consumer(args: argparse.Namespace, h: HistoryWriter) -> None:
     def on_revoke(consumer: Any, partitions: list[Any]) -> None:
         h.log("revoke", group=args.group, session=session["id"], partitions=sorted(tp.partition for tp in partitions))
 
-    c = Consumer({"bootstrap.servers": args.bootstrap, "group.id": args.group, "enable.auto.commit": False,
+    c = Consumer({**_base(args.bootstrap), "group.id": args.group, "enable.auto.commit": False,
                   "auto.offset.reset": "earliest", "isolation.level": "read_committed",
                   "session.timeout.ms": GROUP_SESSION_TIMEOUT_MS, "heartbeat.interval.ms": 1_000, **_debug(args)})
     c.subscribe([args.topic], on_assign=on_assign, on_revoke=on_revoke)
@@ -553,7 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--drain-max-s", type=float, default=DRAIN_MAX_S,
                         help="copier: stop this long after --seconds even if the input is not all copied")
     parser.add_argument("--done-file", help="group-consumer: drains until this file exists (producers done)")
+    parser.add_argument("--client-config", help="a JSON object of settings every client adds (security)")
     args = parser.parse_args(argv)
+    if args.client_config:
+        CLIENT_CONFIG.update(json.loads(Path(args.client_config).read_text()))
     faulthandler.register(signal.SIGUSR1, all_threads=True)  # the runner asks a stuck worker where it is
     h = HistoryWriter(Path(args.history) / f"{args.name}.jsonl", args.name)
     try:
