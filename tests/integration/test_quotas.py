@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from kafka.protocol.admin import AlterClientQuotasRequest, DescribeClientQuotasRequest
-from kafka.protocol.metadata import ApiVersionsRequest
+from kafka.protocol.metadata import ApiVersionsRequest, MetadataRequest
 from tests.integration.helpers import create_topic, metric, scrape
 from tests.support.broker import BrokerProcess
 from tests.support.kafka_tools import KafkaUnavailable, kafka_tool
@@ -89,11 +89,11 @@ def test_alter_and_describe_client_quotas(broker):
         assert (("client-id", "wire-app"),) in describe(w, ("client-id", 2, None), strict=True)
         # removal, and a key oncelog does not enforce: refused, not stored
         results = alter(w, ({"user": "wire-alice"}, {"consumer_byte_rate": None}),
-                        ({"client-id": "wire-app"}, {"request_percentage": 50.0}),
+                        ({"client-id": "wire-app"}, {"controller_mutation_rate": 50.0}),
                         ({"user": "wire-bob", "ip": "127.0.0.1"}, {"producer_byte_rate": 1.0}))
         assert results[(("user", "wire-alice"),)] == (NONE, None)
         code, message = results[(("client-id", "wire-app"),)]
-        assert code == INVALID_REQUEST and message.startswith("oncelog does not enforce request_percentage yet")
+        assert code == INVALID_REQUEST and message.startswith("oncelog does not enforce controller_mutation_rate yet")
         assert results[(("user", "wire-bob"), ("ip", "127.0.0.1"))][0] == INVALID_REQUEST
         assert describe(w, ("user", 0, "wire-alice"), strict=True) == {
             (("user", "wire-alice"),): {"producer_byte_rate": 1e6}}
@@ -185,6 +185,58 @@ def test_consumer_byte_rate_holds_a_consumer_to_its_quota(broker, topic_name):
     samples = scrape(broker.metrics_port)
     assert metric(samples, "oncelog_throttle_time_ms_count", quota_type="Fetch", user="",
                   client_id="quota-consumer") > 0
+
+
+def _metadata_rate(bootstrap: str, client_id: str, seconds: float) -> tuple[float, list[int]]:
+    """Metadata requests one after the other for `seconds`: (requests a second, the throttle times answered)."""
+    throttles: list[int] = []
+    with Wire(bootstrap, client_id=client_id) as w:
+        count, started = 0, time.monotonic()
+        while time.monotonic() - started < seconds:
+            throttles.append(w.request(MetadataRequest[9](topics=None, allow_auto_topic_creation=False,
+                                                          include_cluster_authorized_operations=False,
+                                                          include_topic_authorized_operations=False),
+                                        9).throttle_time_ms)
+            count += 1
+        return count / (time.monotonic() - started), throttles
+
+
+def test_request_percentage_bounds_a_clients_time_on_the_loop(broker, topic_name):
+    """KIP-124: request_percentage=2 lets client id "busy" hold the event loop 20 ms a second. Its answers carry
+    throttle_time_ms and its connection is muted for it, so its request rate drops far below an unlimited
+    client's; librdkafka reports the throttle too; the quota's removal lifts it."""
+    create_topic(broker.bootstrap, topic_name)
+    free_rate, free_throttles = _metadata_rate(broker.bootstrap, "free", 2)
+    assert set(free_throttles) == {0}
+    with Wire(broker.bootstrap) as w:
+        assert alter(w, ({"client-id": "busy"}, {"request_percentage": 2.0}),
+                     ({"client-id": "busy-producer"}, {"request_percentage": 1.0})) == {
+            (("client-id", "busy"),): (NONE, None), (("client-id", "busy-producer"),): (NONE, None)}
+    try:
+        busy_rate, busy_throttles = _metadata_rate(broker.bootstrap, "busy", 4)
+        assert any(t > 0 for t in busy_throttles) and max(busy_throttles) <= 1000  # at most one window
+        assert busy_rate < free_rate / 4, (busy_rate, free_rate)
+        # meanwhile others are not held back
+        again_rate, _ = _metadata_rate(broker.bootstrap, "free", 1)
+        assert again_rate > 2 * busy_rate, (again_rate, busy_rate)
+        throttled: list[float] = []
+        producer = Producer({"bootstrap.servers": broker.bootstrap, "client.id": "busy-producer", "linger.ms": 0,
+                             "throttle_cb": lambda event: throttled.append(event.throttle_time)})
+        started = time.monotonic()
+        while time.monotonic() - started < 3:
+            producer.produce(topic_name, b"r" * 100)
+            producer.poll(0.001)
+        assert producer.flush(30) == 0
+        assert any(t > 0 for t in throttled)
+        samples = scrape(broker.metrics_port)
+        assert metric(samples, "oncelog_throttle_time_ms_count", quota_type="Request", user="",
+                      client_id="busy") > 0
+    finally:
+        with Wire(broker.bootstrap) as w:
+            alter(w, ({"client-id": "busy"}, {"request_percentage": None}),
+                  ({"client-id": "busy-producer"}, {"request_percentage": None}))
+    lifted_rate, lifted_throttles = _metadata_rate(broker.bootstrap, "busy", 1.5)
+    assert set(lifted_throttles[len(lifted_throttles) // 2:]) == {0} and lifted_rate > 2 * busy_rate
 
 
 USERS = ("admin", "alice", "bob")
@@ -351,9 +403,9 @@ def test_kafka_configs_alters_and_describes_quotas(broker):
         with Wire(bs) as w:
             assert describe(w, ("user", 0, "tool-alice"), ("client-id", 0, "tool-app")) == {
                 (("client-id", "tool-app"), ("user", "tool-alice")): {"consumer_byte_rate": 512.0}}
-        refused = configs(bs, *alice, "--alter", "--add-config", "request_percentage=50", check=False)
+        refused = configs(bs, *alice, "--alter", "--add-config", "controller_mutation_rate=50", check=False)
         assert refused.returncode != 0
-        assert "oncelog does not enforce request_percentage yet" in refused.stdout + refused.stderr
+        assert "oncelog does not enforce controller_mutation_rate yet" in refused.stdout + refused.stderr
     finally:
         with Wire(bs) as w:  # the module's other tests share the broker
             alter(w, ({"user": "tool-alice"}, {"producer_byte_rate": None, "consumer_byte_rate": None}),

@@ -68,6 +68,9 @@ class RequestContext:
     seq: int = 0  # position of the request on its connection
     # security.authorizer.Authorizer when ACLs are on (authorizer.class.name), else None: every check passes
     authorizer: Any = None
+    # Set by a handler whose request Kafka answers without a request-quota throttle (a follower's Fetch):
+    # broker/request_quota.py
+    quota_exempt: bool = False
 
     @property
     def principal(self) -> str:

@@ -21,7 +21,9 @@ from ..protocol.fetch_codec import pieces_size
 from ..protocol.header import decode_request_header, encode_response_header, peek_api
 from ..protocol.primitives import ProtocolError
 from ..security.api_acls import RULES
+from ..security.quotas import quota_user
 from .context import Handler, RequestContext
+from .request_quota import EXEMPT_APIS, timed, with_throttle_time
 from .wire import close_pieces
 
 if TYPE_CHECKING:
@@ -44,6 +46,8 @@ class Dispatcher:
         # The broker's authorizer (None: ACLs off, every check passes at the cost of one test).
         security = getattr(broker, "security", None)
         self.authorizer = getattr(security, "authorizer", None)
+        # request_percentage's quota manager (its `enabled` is tested per request)
+        self.request_quota = getattr(getattr(security, "quota_manager", None), "request", None)
         self.handlers = {**handlers, **(internal or {})}
 
     def supported_versions(self, sasl: bool = False) -> list[tuple[int, int, int]]:
@@ -113,7 +117,11 @@ class Dispatcher:
             ctx = RequestContext(api_key, api_version, header.correlation_id, header.client_id, conn, seq,
                                  self.authorizer)
             body = memoryview(frame)[body_offset:]
-            result = await self.handlers[api_key](self.broker, ctx, body)
+            quota = self.request_quota
+            if quota is None or not quota.enabled or api_key in EXEMPT_APIS:
+                result = await self.handlers[api_key](self.broker, ctx, body)
+            else:
+                result = await self._metered(quota, ctx, body, started)
         except ProtocolError as exc:
             log.warning("closing connection from %s: malformed %s v%d: %s", conn.peer, name, api_version, exc)
             metrics.request_errors.labels(name).inc()
@@ -138,6 +146,32 @@ class Dispatcher:
             fut.set_result(None)
             return
         fut.set_result(self._frame(ctx.correlation_id, response_header_flexible(api_key, api_version), result))
+
+    async def _metered(self, quota: Any, ctx: RequestContext, body: memoryview, started: float) -> Any:
+        """Run a request under request_percentage (broker/request_quota.py): behind a throttle of its connection
+        it waits, as behind Kafka's muted channel; its time on the loop is recorded, and over the quota its answer
+        says so and its connection is muted (a forwarded request is recorded, not throttled)."""
+        conn: Any = ctx.connection
+        if getattr(conn, "muted", False):
+            await conn.until_unmuted()
+            if conn.closed or (conn.close_at is not None and ctx.seq > conn.close_at):
+                return None
+            started = time.perf_counter()
+        decoded = time.perf_counter() - started  # the header, decoded before the handler ran
+        result, held = await timed(self.handlers[ctx.api_key](self.broker, ctx, body))
+        if ctx.quota_exempt:
+            return result
+        now_ms = time.monotonic() * 1000
+        throttle_ms, tags = quota.record(quota_user(ctx.principal), ctx.client_id or "", (held + decoded) * 100,
+                                         now_ms)
+        if throttle_ms <= 0:
+            return result
+        self.broker.metrics.throttle_time.labels(quota.quota_type, *tags).observe(throttle_ms)
+        if not ctx.from_broker:
+            conn.mute_for(throttle_ms / 1000)
+        if result is None:
+            return None
+        return with_throttle_time(ctx.api_key, ctx.api_version, result, throttle_ms)
 
     @staticmethod
     def _frame(correlation_id: int, flexible: bool, body: bytes | list[Any]) -> list[Any]:

@@ -29,9 +29,10 @@ Kafka's ClientQuotaManager); connection-creation throttles are capped at one win
 Stores (`QuotaStore`): the single node keeps `__oncelog_meta/quotas.json` (LocalQuotaStore, replaced atomically:
 it survives a SIGKILL); a cluster keeps them in ZooKeeper (cluster/store/quotas.py) behind the same protocol.
 
-What oncelog enforces: producer_byte_rate and consumer_byte_rate. request_percentage (time on the request threads),
-controller_mutation_rate (topic/partition mutations) and KIP-612's ip connection_creation_rate are validated as
-Kafka validates them and then refused (INVALID_REQUEST), never accepted and ignored: see NOT_ENFORCED.
+What oncelog enforces: producer_byte_rate, consumer_byte_rate and request_percentage (the time a client's requests
+hold the event loop: broker/request_quota.py). controller_mutation_rate (topic/partition mutations) and KIP-612's ip
+connection_creation_rate are validated as Kafka validates them and then refused (INVALID_REQUEST), never accepted
+and ignored: see NOT_ENFORCED.
 """
 
 from __future__ import annotations
@@ -70,10 +71,8 @@ USER_CLIENT_KEYS = {PRODUCER_BYTE_RATE: "LONG", CONSUMER_BYTE_RATE: "LONG", REQU
                     CONTROLLER_MUTATION_RATE: "DOUBLE"}
 IP_KEYS = {CONNECTION_CREATION_RATE: "INT"}
 
-ENFORCED = frozenset({PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE})
+ENFORCED = frozenset({PRODUCER_BYTE_RATE, CONSUMER_BYTE_RATE, REQUEST_PERCENTAGE})
 NOT_ENFORCED = {
-    REQUEST_PERCENTAGE: "it limits the time a client's requests take on the request threads, and oncelog's "
-                        "one event loop cannot yet attribute that time to a client honestly",
     CONTROLLER_MUTATION_RATE: "topic and partition mutations are not metered",
     CONNECTION_CREATION_RATE: "per-IP connection rates are not metered (max.connection.creation.rate, "
                               "broker-wide, and max.connections.per.ip are)",
@@ -495,11 +494,14 @@ class ClientQuotaManager:
     from the quotas of `key`. `enabled` is False while no quota of `key` is set: the request path tests it and
     does nothing more (Kafka's quotasEnabled; here it turns off again when the last quota goes)."""
 
-    def __init__(self, key: str, quota_type: str, samples: int, window_seconds: int) -> None:
+    def __init__(self, key: str, quota_type: str, samples: int, window_seconds: int,
+                 bounded: bool = False) -> None:
         self.key = key
-        self.quota_type = quota_type  # Kafka's QuotaType name, the metric group: "Produce", "Fetch"
+        self.quota_type = quota_type  # Kafka's QuotaType name, the metric group: "Produce", "Fetch", "Request"
         self.samples = samples
         self.window_ms = window_seconds * 1000
+        # Request quotas' throttle is at most one window (ClientRequestQuotaManager.throttleTime); byte rates' not
+        self.max_throttle_ms = self.window_ms if bounded else None
         self.enabled = False
         self._table: dict[tuple[Slot, Slot], float] = {}
         self._rates: dict[tuple[str, str], Rate] = {}
@@ -539,7 +541,7 @@ class ClientQuotaManager:
         tags, limit = self.resolve(user, client_id)
         if limit is None:
             return 0, tags
-        return record_and_throttle(self._rate(tags, now_ms), value, limit, now_ms), tags
+        return record_and_throttle(self._rate(tags, now_ms), value, limit, now_ms, self.max_throttle_ms), tags
 
     def unrecord(self, user: str, client_id: str, value: float, now_ms: float) -> None:
         """unrecordQuotaSensor: take back a value recorded for a response that was not sent (a throttled fetch)."""
@@ -557,15 +559,17 @@ class ClientQuotaManager:
 
 
 class ClientQuotaManagers:
-    """The quota managers a broker enforces with (QuotaFactory's produce and fetch)."""
+    """The quota managers a broker enforces with (QuotaFactory's produce, fetch and request)."""
 
     def __init__(self, samples: int, window_seconds: int) -> None:
         self.produce = ClientQuotaManager(PRODUCER_BYTE_RATE, "Produce", samples, window_seconds)
         self.fetch = ClientQuotaManager(CONSUMER_BYTE_RATE, "Fetch", samples, window_seconds)
+        self.request = ClientQuotaManager(REQUEST_PERCENTAGE, "Request", samples, window_seconds, bounded=True)
 
     def update(self, quotas: Mapping[QuotaEntity, Mapping[str, float]]) -> None:
         self.produce.update(quotas)
         self.fetch.update(quotas)
+        self.request.update(quotas)
 
 
 # -- connection limits: Kafka's ConnectionQuotas ---------------------------------------------------------------------------

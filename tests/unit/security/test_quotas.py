@@ -263,8 +263,18 @@ def test_kafkas_refusals(alteration, message):
     assert changes == []
 
 
+def test_request_percentage_is_enforced_and_its_throttle_bounded_by_one_window():
+    assert errors([alter(entity("a"), (REQUEST_PERCENTAGE, 50.5))])[0] == {"users/a": (NONE, None)}
+    managers = ClientQuotaManagers(samples=2, window_seconds=1)
+    managers.update({entity("a"): {REQUEST_PERCENTAGE: 1.0}})
+    assert managers.request.enabled and not managers.produce.enabled
+    # 10 s of loop time at once against 1 %: a byte-rate quota would throttle for minutes, a request quota at
+    # most one window (ClientRequestQuotaManager.throttleTime)
+    throttle, tags = managers.request.record("a", "app", 1000.0, 5000.0)
+    assert (throttle, tags) == (1000, ("a", ""))
+
+
 @pytest.mark.parametrize(("alteration", "key"), [
-    (alter(entity("a"), (REQUEST_PERCENTAGE, 50.5)), REQUEST_PERCENTAGE),
     (alter(entity(client="c"), (CONTROLLER_MUTATION_RATE, 10.0)), CONTROLLER_MUTATION_RATE),
     (alter(entity(ip="10.0.0.1"), (CONNECTION_CREATION_RATE, 10.0)), CONNECTION_CREATION_RATE),
 ])
@@ -456,8 +466,8 @@ def test_a_leftover_temp_file_is_ignored(path):
     (b'{"version": 1, "entries": [{"entity": {"user": "a"}}]}', "entry 0"),
     (b'{"version": 1, "entries": [{"entity": {"user": "a"}, "quotas": {"producer_byte_rate": -1}}]}',
      "must be greater than 0"),
-    (b'{"version": 1, "entries": [{"entity": {"user": "a"}, "quotas": {"request_percentage": 5}}]}',
-     "does not enforce request_percentage"),
+    (b'{"version": 1, "entries": [{"entity": {"user": "a"}, "quotas": {"controller_mutation_rate": 5}}]}',
+     "does not enforce controller_mutation_rate"),
     (b'{"version": 1, "entries": [{"entity": {"user": "a", "ip": "1.1.1.1"}, "quotas": {"producer_byte_rate": 1}}]}',
      "IP entity"),
     (b'{"version": 1, "entries": [{"entity": {"user": "a"}, "quotas": {"producer_byte_rate": 1}}, '

@@ -221,6 +221,8 @@ async def handle(broker: BrokerServices, ctx: RequestContext, body: memoryview) 
         else:
             names = [t.name for t in req.topics for _ in t.partitions]
             denied = frozenset(names) - set(ctx.filter_authorized(ResourceType.TOPIC, names))
+    # a follower's fetch (authorized as one above) is not request-throttled: Kafka's sendResponseExemptThrottle
+    ctx.quota_exempt = req.replica_id >= 0
     quota = None
     cap = None
     min_bytes = req.min_bytes
