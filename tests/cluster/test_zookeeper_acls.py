@@ -12,6 +12,9 @@ do not log in, so an unauthenticated kazoo client plays whoever else can reach i
   world READ, without the READ under /config/users;
 - a broker with the wrong ZooKeeper password, and one with zookeeper.set.acl=true and no JAAS file, stop at start
   with a message that says why and a non-zero exit;
+- a login refused after the start (ZooKeeper restarted with another password for the broker's user) is one ERROR;
+  the broker keeps running and logs in again until ZooKeeper takes the password again, then registers again and
+  serves a new topic;
 - SASL without zookeeper.set.acl leaves the znodes open (Kafka's behaviour);
 - without ZooKeeper: the ACL choice and the reading of the credentials.
 """
@@ -202,6 +205,7 @@ def test_a_wrong_zookeeper_password_stops_the_start(sasl_zookeeper, tmp_path):
     assert code != 0, log
     assert "refused the login of SASL user 'kafka'" in log and "authentication failed" in log, log
     assert "guessed" not in log
+    assert "registration is gone" not in log     # no session was lost: none had opened
     assert time.monotonic() - started < 30     # not the 60 s a broker waits for an unreachable service
 
 
@@ -232,6 +236,69 @@ def test_sasl_without_set_acl_leaves_the_znodes_open(sasl_zookeeper, kazoo_clien
     for path in (root, f"{root}/topics", f"{root}/config/users", f"{root}/kafka-acl/Topic"):
         assert anyone.get_acls(path)[0] == OPEN_ACL_UNSAFE, path
     anyone.create(f"{root}/config/users/mallory", b"{}")   # open: anyone may
+
+
+# ---- a login refused after the start ----------------------------------------------------------------------------
+
+
+def test_a_login_refused_after_the_start_is_retried_until_accepted(zookeeper_runtime, kazoo_client, tmp_path):
+    from confluent_kafka import Consumer, Producer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    java, classpath = zookeeper_runtime
+    zk = CoordinationService(tmp_path / "zookeeper", java=java, classpath=classpath,
+                             sasl_users={ZK_USER: ZK_PASSWORD})
+    zk.start()
+    connect = chroot_connect(zk)
+    registration = f"{connect[connect.index('/'):]}/brokers/ids/1"
+    session_ms = 4000
+    c = ClusterProcess(tmp_path / "cluster", 1, {
+        **SETTINGS, "oncelog.coordination.session.timeout.ms": session_ms, "zookeeper.set.acl": "true",
+        "java.security.auth.login.config": str(client_jaas(tmp_path / "zk-client.jaas")),
+        "offsets.topic.replication.factor": 1, "offsets.topic.num.partitions": 1}, connect=connect)
+    broker = c.brokers[1]
+    refused = "authentication failed, and this broker's session is gone"
+    try:
+        c.start(START_S)
+        with_login = {"sasl_options": {"mechanism": "DIGEST-MD5", "username": ZK_USER, "password": ZK_PASSWORD}}
+        first_epoch = kazoo_client(zk.servers, **with_login).exists(registration).czxid
+
+        # ZooKeeper comes back with another password for the broker's user: one ERROR, the broker keeps running
+        zk.sasl_users = {ZK_USER: "rotated-elsewhere"}
+        zk.restart()
+        wait_for(lambda: refused in broker.log_path.read_text(), "the broker's ERROR line", 30)
+        # ...and keeps trying (each attempt a refusal in ZooKeeper's log; the seat session's too)
+        wait_for(lambda: zk.log_tail(10_000).count("SASL authentication failure") >= 4, "login retries", 30)
+        assert broker.alive(), broker.log_tail()
+        text = broker.log_path.read_text()
+        assert [line for line in text.splitlines() if refused in line][0].split()[2] == "ERROR"
+        assert text.count(refused) == 1 and "rotated-elsewhere" not in text
+
+        # ZooKeeper takes the broker's password again: it logs in, registers again and serves
+        zk.sasl_users = {ZK_USER: ZK_PASSWORD}
+        zk.restart()
+        checker = kazoo_client(zk.servers, **with_login)
+        wait_for(lambda: (stat := checker.exists(registration)) is not None and stat.czxid > first_epoch,
+                 "a new registration", 30)
+        assert broker.alive(), broker.log_tail()
+        admin = AdminClient({"bootstrap.servers": c.bootstrap})
+        admin.create_topics([NewTopic("after-relogin", 1, 1)], operation_timeout=30)["after-relogin"].result(60)
+        producer = Producer({"bootstrap.servers": c.bootstrap, "acks": "all"})
+        for i in range(10):
+            producer.produce("after-relogin", b"v%d" % i)
+        assert producer.flush(30) == 0
+        consumer = Consumer({"bootstrap.servers": c.bootstrap, "group.id": "relogin", "enable.auto.commit": False})
+        consumer.assign([TopicPartition("after-relogin", 0, 0)])
+        got: list[bytes] = []
+        deadline = time.monotonic() + 30
+        while len(got) < 10 and time.monotonic() < deadline:
+            got += [m.value() for m in consumer.consume(10, timeout=1.0) if m.error() is None]
+        consumer.close()
+        assert got == [b"v%d" % i for i in range(10)]
+        assert "ZooKeeper accepted the login of SASL user 'kafka'" in broker.log_path.read_text()
+    finally:
+        c.kill_all()
+        zk.stop()
 
 
 # ---- without ZooKeeper -----------------------------------------------------------------------------------------

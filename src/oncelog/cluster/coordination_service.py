@@ -428,6 +428,7 @@ class _Members:
         for member in self.members:
             member.java, member.classpath = self.java, self.classpath
             member.config = self._config(member)
+            member.jvm_options, member.probe_sasl = [], None
             if self.sasl_users:
                 member.directory.mkdir(parents=True, exist_ok=True)
                 jaas = member.directory / JAAS_NAME
@@ -493,7 +494,8 @@ class CoordinationService(_Members):
     `sasl_users`, `require_sasl`: SASL DIGEST-MD5 logins (see the module docstring).
 
     The port is kept once bound: restart() and a later start() use it again (a client's connect string stays
-    valid). A data dir used before keeps its znodes.
+    valid). A data dir used before keeps its znodes. Both write zoo.cfg and the JAAS file again, so `settings` and
+    `sasl_users` changed in between take effect (a test restarts ZooKeeper with another password for a user).
     """
 
     def __init__(self, data_dir: str | Path, host: str = DEFAULT_HOST, port: int = 0, *,
@@ -545,8 +547,11 @@ class CoordinationService(_Members):
         self.member.kill()
 
     def restart(self, timeout: float | None = None, clean: bool = False) -> CoordinationService:
-        """SIGKILL (SIGTERM when `clean`) and start again on the same port and data."""
-        self.member.restart(timeout or self.start_timeout, clean)
+        """SIGKILL (SIGTERM when `clean`) and start again on the same port and data, with the current `settings`
+        and `sasl_users`."""
+        self.member.stop() if clean else self.member.kill()
+        self._prepare()
+        self.member.start(timeout or self.start_timeout)
         return self
 
     def log_tail(self, lines: int = 40) -> str:

@@ -152,7 +152,8 @@ class MetadataStore:
     async def start(self, timeout_s: float, cluster_id: str | None = None) -> None:
         """Connect (retrying with backoff and logging while the service is unreachable), create the layout,
         create the cluster id if absent (`cluster_id` proposes one), read the whole image and set its watches.
-        Raises StoreUnavailable if no session opened within `timeout_s`."""
+        Raises StoreUnavailable if no session opened within `timeout_s`, ZkAuthError if ZooKeeper refused the login
+        (later refusals are retried: store/session.py)."""
         deadline = self.loop.time() + timeout_s
         await self.session.open(deadline, timeout_s)
         self.cluster_id = await self.loader.ensure_layout(cluster_id)
@@ -160,6 +161,7 @@ class MetadataStore:
         await self.loader.full_read()
         self.session.set_state(CONNECTED)
         self.session.start_lease()
+        self.session.mark_started()      # a login refused from now on is retried, as a lost session is recovered
         log.info("metadata store connected to %s%s, cluster id %s", self.servers, self.root, self.cluster_id)
 
     async def start_security(self, acls: bool) -> SecurityStores:
@@ -212,6 +214,10 @@ class MetadataStore:
                 self.fatal_error = exc
                 self.session.set_state(LOST)
                 return
+            except StoreUnavailable:
+                if not self.session.connected:
+                    return      # the connection went again (or the login was refused): its return re-reads
+                log.exception("re-reading metadata after reconnect failed; retrying in %.1fs", backoff)
             except Exception:
                 log.exception("re-reading metadata after reconnect failed; retrying in %.1fs", backoff)
             await asyncio.sleep(backoff)

@@ -13,6 +13,11 @@
 - Credentials and ACLs (store/znode_acls.py): both clients log in with the broker's ZooKeeper credentials, if it has
   any, and `open` fails with ZkAuthError when ZooKeeper refuses them; `acls(path)` is the ACL a znode created at a
   path gets (`ensure_path` creates missing parents each with its own).
+- A login refused once the store has started (`mark_started`; ZooKeeper restarted with other credentials) ends that
+  client's session as an expiry does (LOST, the hooks) and kazoo stops connecting for good; as Kafka's
+  ZooKeeperClient on AuthFailed after its first connection, one ERROR says so and the client logs in again after a
+  backoff (RELOGIN_BACKOFF_S, doubling up to a third of its session timeout, and never less), until ZooKeeper
+  accepts it: the new session then takes the path of any new session (register again, re-read everything).
 
 Threads: kazoo runs its own threads; its state and completion callbacks only hand work to the event loop
 (`call_soon_threadsafe`). Calls on the loop use kazoo's `*_async` variants awaited through `call`; the few blocking
@@ -65,6 +70,7 @@ from .znode_acls import OPEN, ZkSecurity
 log = logging.getLogger(__name__)
 
 _CONNECTION_ERRORS = (ConnectionLoss, SessionExpiredError, ConnectionClosedError, OperationTimeoutError)
+RELOGIN_BACKOFF_S = 1.0     # the first retry after a refused login (Kafka's ZooKeeperClient.RetryBackoffMs)
 
 Build = Callable[[Any], None]
 """Fills a kazoo transaction (`txn.create`, `txn.set_data`, `txn.delete`, `txn.check`)."""
@@ -88,6 +94,16 @@ class _AclTransaction:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._txn, name)
+
+
+def _connecting(client: KazooClient) -> bool:
+    """Whether kazoo's connection routine still runs: it retries connecting for ever and ends only when the client
+    is stopped or its login was refused. (Its state cannot tell: it reads CLOSED both before a start's first attempt
+    and after a refusal.)"""
+    routine = getattr(getattr(client, "_connection", None), "_connection_routine", None)
+    if routine is None or not hasattr(routine, "is_alive"):
+        return client.client_state not in (KeeperState.AUTH_FAILED, KeeperState.CLOSED)
+    return routine.is_alive()
 
 
 def clock() -> float:
@@ -157,6 +173,9 @@ class StoreSession:
         self._resync_task: asyncio.Task | None = None
         self._closing = False
         self._needs_resync = False
+        self._started = False                    # mark_started: from then on a refused login is retried
+        self._relogin_tasks: dict[str, asyncio.Task] = {}     # "broker" / "controller" -> its login retries
+        self._restarting: dict[str, asyncio.Future] = {}      # a kazoo start_async a login retry runs
 
     # ---- what the rooms read ---------------------------------------------------------------------------------
 
@@ -271,6 +290,11 @@ class StoreSession:
     def start_lease(self) -> None:
         self._lease_task = self.loop.create_task(self._confirm_loop())
 
+    def mark_started(self) -> None:
+        """The store has started: from now on a login ZooKeeper refuses is logged and retried (Kafka's
+        ZooKeeperClient once its first connection was established); before, it is ZkAuthError, fatal."""
+        self._started = True
+
     def _new_client(self, what: str, timeout_ms: int) -> KazooClient:
         """A kazoo client asking for a `timeout_ms` session. ZooKeeper grants a timeout clamped to [2, 20] ticks of
         its tickTime; the granted one is kept in `negotiated_ms[what]` and logged when it differs."""
@@ -320,7 +344,7 @@ class StoreSession:
         def refused() -> bool:
             # Only a login can be refused. kazoo then stops connecting for good (AUTH_FAILED, then CLOSED): a client
             # that closed while this waits, unasked, was refused.
-            return (self.security.credentials is not None
+            return (self.security.credentials is not None and not client.connected and not _connecting(client)
                     and client.client_state in (KeeperState.AUTH_FAILED, KeeperState.CLOSED))
 
         while not client.connected:
@@ -343,9 +367,14 @@ class StoreSession:
     async def close(self) -> None:
         """End both sessions (ephemeral znodes go at once) and stop kazoo's threads; no hook or listener runs."""
         self._closing = True
-        for task in [self._lease_task, self._resync_task, *self._tasks]:
+        for task in [self._lease_task, self._resync_task, *self._tasks, *self._relogin_tasks.values()]:
             if task is not None and not task.done():
                 task.cancel()
+        for starting in list(self._restarting.values()):    # a login retry's start, not to race the stop below
+            try:
+                await starting
+            except Exception:     # noqa: BLE001 - the client is stopped next anyway
+                pass
         seat, self._seat_client = self._seat_client, None
         client, self._client = self._client, None
         for kazoo in (seat, client):       # the seat first: /controller frees before the registration goes
@@ -411,7 +440,9 @@ class StoreSession:
             # answer does, which leaves the cancelled task running
             async with asyncio.timeout(timeout if timeout is not None else self.timeout_s):
                 return await future
-        except AuthFailedError:
+        except AuthFailedError as exc:
+            if self._started:     # the login is retried (_relogin): meanwhile there is no session, as after a loss
+                raise StoreUnavailable("ZooKeeper refused this broker's login; logging in again") from exc
             raise self._refused() from None
         except _CONNECTION_ERRORS as exc:
             raise StoreUnavailable(f"ZooKeeper request failed: {exc!r}") from exc
@@ -459,19 +490,26 @@ class StoreSession:
                 log.exception("metadata store state listener failed")
 
     def _on_kazoo_state(self, state: str) -> None:    # kazoo's thread
+        # kazoo sets its own state before it tells listeners: AUTH_FAILED here is why this LOST came (it reads
+        # CLOSED soon after)
+        refused = getattr(self._client, "client_state", None) == KeeperState.AUTH_FAILED
         try:
-            self.loop.call_soon_threadsafe(self._kazoo_state_changed, state)
+            self.loop.call_soon_threadsafe(self._kazoo_state_changed, state, refused)
         except RuntimeError:
             pass
 
-    def _kazoo_state_changed(self, state: str) -> None:
-        if self._closing or self._client is None:
+    def _kazoo_state_changed(self, state: str, refused: bool = False) -> None:
+        if self._closing or self._client is None or "broker" in self._relogin_tasks:
             return
         if state == KazooState.SUSPENDED:
             log.warning("ZooKeeper connection lost; session may still be alive (SUSPENDED)")
             self._needs_resync = True
             self.set_state(SUSPENDED)
         elif state == KazooState.LOST:
+            if refused and not self._started:
+                return      # a login refused at start: `open` (or the start's first request) says so and stops
+            if refused:
+                self._login_refused("broker")
             self._needs_resync = True
             self._confirmed_session = None
             self.hooks.main_lost()
@@ -498,19 +536,24 @@ class StoreSession:
         self._seat_listeners.append(listener)
 
     def _on_seat_kazoo_state(self, state: str) -> None:    # kazoo's thread
+        refused = getattr(self._seat_client, "client_state", None) == KeeperState.AUTH_FAILED
         try:
-            self.loop.call_soon_threadsafe(self._seat_kazoo_state_changed, state)
+            self.loop.call_soon_threadsafe(self._seat_kazoo_state_changed, state, refused)
         except RuntimeError:
             pass
 
-    def _seat_kazoo_state_changed(self, state: str) -> None:
+    def _seat_kazoo_state_changed(self, state: str, refused: bool = False) -> None:
         client = self._seat_client
-        if self._closing or client is None:
+        if self._closing or client is None or "controller" in self._relogin_tasks:
             return
         if state == KazooState.SUSPENDED:
             log.warning("controller seat session: connection lost; the session may still be alive (SUSPENDED)")
             self._set_seat_state(SUSPENDED)
         elif state == KazooState.LOST:
+            if refused and not self._started:
+                return
+            if refused:
+                self._login_refused("controller")
             self.hooks.seat_lost()
             self._set_seat_state(LOST)
         elif state == KazooState.CONNECTED:
@@ -529,6 +572,74 @@ class StoreSession:
                 listener(state)
             except Exception:
                 log.exception("controller seat state listener failed")
+
+    # ---- a login refused after the start ---------------------------------------------------------------------
+
+    def _login_refused(self, what: str) -> None:
+        """ZooKeeper refused the login of client `what` ("broker": the main one, "controller": the seat's) after
+        the start, and kazoo has given up on it. One line says so (an ERROR for the main session, which every duty
+        of the broker needs), then `_relogin` logs it in again until ZooKeeper accepts it. Until then the client's
+        state changes are `_relogin`'s: kazoo announces CONNECTED before it logs in, so each refused attempt would
+        otherwise come and go as a session."""
+        if what in self._relogin_tasks:
+            return
+        timeout_s = self.timeout_s if what == "broker" else (self.seat_timeout_ms or self.session_timeout_ms) / 1000
+        cap = max(RELOGIN_BACKOFF_S, timeout_s / 3)
+        session = "session" if what == "broker" else "controller seat session"
+        (log.error if what == "broker" else log.warning)(
+            "ZooKeeper at %s refused the login of %s: authentication failed, and this broker's %s is gone "
+            "(check the username and password against the ZooKeeper server's JAAS Server section); logging in "
+            "again in %.0fs, then every %.0fs at most, until it is accepted",
+            self.servers, self.security.describe(), session, RELOGIN_BACKOFF_S, cap)
+        task = self.loop.create_task(self._relogin(what, cap, timeout_s))
+        self._relogin_tasks[what] = task
+
+        def ended(done: asyncio.Task) -> None:
+            if self._relogin_tasks.get(what) is done:
+                del self._relogin_tasks[what]
+
+        task.add_done_callback(ended)
+
+    async def _relogin(self, what: str, cap: float, timeout_s: float) -> None:
+        delay, attempts = RELOGIN_BACKOFF_S, 0
+        while not self._closing:
+            await asyncio.sleep(delay)
+            client = self._client if what == "broker" else self._seat_client
+            if self._closing or client is None:
+                return
+            if not _connecting(client):      # kazoo gave up after the last refusal: start it again
+                attempts += 1
+                starting = self.loop.run_in_executor(None, client.start_async)
+                self._restarting[what] = starting
+                try:
+                    await asyncio.shield(starting)     # cancelled (close), the start still ends before the stop
+                finally:
+                    self._restarting.pop(what, None)
+            # kazoo connects (retrying while ZooKeeper is unreachable), then logs in; its routine ends if refused
+            while not self._closing and not client.connected and _connecting(client):
+                await asyncio.sleep(0.05)
+            if client.connected and await self._logged_in(client, timeout_s) and client.connected:
+                log.info("ZooKeeper accepted the login of %s again (%s session, after %d attempt(s))",
+                         self.security.describe(), what, attempts)
+                self._relogin_tasks.pop(what, None)
+                # the new session takes the path of any new session: the main one registers again and re-reads
+                # everything (`_resync`), the seat's is a seat that holds nothing
+                if what == "broker":
+                    self._kazoo_state_changed(KazooState.CONNECTED)
+                else:
+                    self._seat_kazoo_state_changed(KazooState.CONNECTED)
+                return
+            delay = min(delay * 2, cap)
+            log.debug("ZooKeeper still refuses the login of %s (%s session); again in %.1fs",
+                      self.security.describe(), what, delay)
+
+    async def _logged_in(self, client: KazooClient, timeout_s: float) -> bool:
+        """One round trip, answered only after kazoo's SASL exchange succeeded."""
+        try:
+            await self.call(client.exists_async("/"), timeout=timeout_s, confirms=False)
+        except (StoreError, KazooException):
+            return False
+        return True
 
     # ---- the lease -------------------------------------------------------------------------------------------
 
