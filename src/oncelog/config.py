@@ -380,6 +380,10 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   at_least(0)),
         ConfigKey("replica.socket.timeout.ms", TYPE_INT, 30000, "Timeout of a follower's fetch requests.",
                   at_least(1)),
+        ConfigKey("oncelog.loop.stall.threshold.ms", TYPE_INT, 50,
+                  "An event loop stall at least this long is logged (WARNING, oncelog.loop) with the stack the "
+                  "loop was in and any garbage collection during it, and counted in oncelog_event_loop_stalls; "
+                  "0: stalls are not watched (the lag histogram stays).", at_least(0)),
         ConfigKey("oncelog.fsync.enable", TYPE_BOOLEAN, True,
                   "fsync before acknowledging acks=all and before data becomes visible to consumers. "
                   "Turning it off trades durability against power loss for speed."),

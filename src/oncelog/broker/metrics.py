@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 log = logging.getLogger("oncelog.metrics")
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_LOOP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 class _PartitionCollector:
@@ -200,6 +201,15 @@ class BrokerMetrics:
         self.connection_accept_throttle_time = Summary(
             "oncelog_connection_accept_throttle_time_ms",
             "Delays of new connections over max.connection.creation.rate, by listener", ["listener"], registry=r)
+        # The event loop's health (broker/loop_monitor.py): how late it runs what is due, stalls over
+        # oncelog.loop.stall.threshold.ms, and garbage collection pauses by generation.
+        self.loop_lag = Histogram("oncelog_event_loop_lag_seconds",
+                                  "How late the event loop ran a callback that was due (heartbeat every 10 ms)",
+                                  buckets=_LOOP_BUCKETS, registry=r)
+        self.loop_stalls = Counter("oncelog_event_loop_stalls",
+                                   "Event loop stalls over oncelog.loop.stall.threshold.ms (each logged)", registry=r)
+        self.gc_pause = Histogram("oncelog_gc_pause_seconds", "Garbage collection pauses, by generation",
+                                  ["generation"], buckets=_LOOP_BUCKETS, registry=r)
         self._http = None
 
     def watch_partitions(self, logs: Callable[[], Iterable[tuple[str, int, Any]]],

@@ -33,6 +33,7 @@ from .context import CoordinatorNode
 from .delayed import PartitionWatchers
 from .dispatch import Dispatcher
 from .handlers import HANDLERS, INTERNAL_HANDLERS
+from .loop_monitor import LoopMonitor
 from .metrics import BrokerMetrics
 from .partition_access import LocalPartitionAccess, PartitionAccess
 from .security_layer import BrokerSecurity, SecurityConfigError
@@ -105,6 +106,7 @@ class Broker:
         self._bound_sockets: list[socket.socket] = list(bound_sockets or [])
         self.node_id: int = config["node.id"]
         self.metrics = BrokerMetrics()
+        self.loop_monitor = LoopMonitor(self.metrics, config["oncelog.loop.stall.threshold.ms"])
         self.metrics_listen = metrics_listen
         self.metrics_port: int | None = None
         self.watchers = PartitionWatchers()
@@ -192,6 +194,7 @@ class Broker:
             self.group_coordinator = GroupCoordinator.for_broker(self)
             self.group_coordinator.startup()
         self.flusher.start()
+        self.loop_monitor.start()
         if self.config["log.cleaner.enable"]:
             # Compacted topics (__consumer_offsets and __transaction_state included) are cleaned in worker
             # processes; in a cluster every replica cleans its own copy, below its high watermark.
@@ -286,6 +289,7 @@ class Broker:
         if self.cleaner is not None:
             await self.cleaner.stop()
         await self.flusher.stop()
+        self.loop_monitor.stop()
         if self.logs.cluster_id:  # storage was opened
             self.logs.shutdown()
         self.metrics.stop()
