@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -229,9 +230,36 @@ def one_run(total_bytes: int, idempotent: bool, client: str = "confluent", read:
     return {"produce": p, "fetch": f, "consume": c}
 
 
-def latency_run(rate_mb: float, seconds: float, linger_ms: float, fsync: bool) -> dict:
+def stall_summary(log_text: str) -> dict[str, Any]:
+    """The broker's event-loop stall lines (broker/loop_monitor.py): how many, how long, and where, by the
+    innermost frame of oncelog's own code in each stall's stack (GC named when a collection overlapped it)."""
+    stalls: list[float] = []
+    where: dict[str, list[float]] = {}
+    for block in log_text.split("event loop stalled ")[1:]:
+        head, _, rest = block.partition("\n")
+        ms = float(head.split(" ms", 1)[0])
+        stalls.append(ms)
+        frames = [line.strip() for line in rest.splitlines() if line.startswith("  File ")]
+        ours = [f for f in frames if "/oncelog/" in f]
+        if frames and "selectors.py" in frames[-1]:
+            site = "the loop in select(): the GIL or the CPU was elsewhere (another thread, another process)"
+        elif not frames:
+            site = "(no stack: over before the watchdog looked)"
+        else:
+            site = ours[-1].split("/oncelog/", 1)[1] if ours else frames[-1]
+        if "garbage collection during it" in head:
+            site = "GC " + head.split("garbage collection during it: ", 1)[1].split(";")[0] + " / " + site
+        where.setdefault(site, []).append(ms)
+    return {"count": len(stalls), "max_ms": max(stalls, default=0.0),
+            "sites": {k: {"count": len(v), "max_ms": max(v)} for k, v in
+                      sorted(where.items(), key=lambda kv: -max(kv[1]))}}
+
+
+def latency_run(rate_mb: float, seconds: float, linger_ms: float, fsync: bool,
+                broker_settings: dict[str, str] | None = None) -> dict:
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp:
         settings = {} if fsync else {"oncelog.fsync.enable": "false"}
+        settings.update(broker_settings or {})
         broker = BrokerProcess(Path(tmp) / "data", settings=settings).start()
         try:
             admin = AdminClient({"bootstrap.servers": broker.bootstrap})
@@ -242,15 +270,24 @@ def latency_run(rate_mb: float, seconds: float, linger_ms: float, fsync: bool) -
             result["broker_cpu_share"] = (cpu_seconds(broker.proc.pid) - cpu_before) / (seconds + 1)
         finally:
             broker.stop()
-    print(f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  max {result['max_ms']:.1f} ms; "
+            result_stalls = stall_summary(broker.log_path.read_text(errors="replace"))
+    result["stalls"] = result_stalls
+    print(f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  p99.9 {result['p999_ms']:.2f} ms  "
+          f"max {result['max_ms']:.1f} ms; "
           f"callback p50 {result['callback_p50_ms']:.2f} ms  p99 {result['callback_p99_ms']:.2f} ms  "
           f"(offered {result['offered_mb_per_s']:.1f} MB/s, broker CPU {result['broker_cpu_share'] * 100:.0f}%, "
           f"errors {result['errors']})", flush=True)
+    if result_stalls["count"]:
+        print(f"    loop stalls: {result_stalls['count']}, longest {result_stalls['max_ms']:.1f} ms; by site:")
+        for site, figures in list(result_stalls["sites"].items())[:8]:
+            print(f"      {figures['count']:4d} x, max {figures['max_ms']:7.1f} ms  {site}")
     return result
 
 
 def latency_main(args: argparse.Namespace) -> int:
-    runs = [latency_run(args.rate_mb, args.seconds, args.linger_ms, not args.no_fsync) for _ in range(args.runs)]
+    extra = dict(item.split("=", 1) for item in args.broker_setting)
+    runs = [latency_run(args.rate_mb, args.seconds, args.linger_ms, not args.no_fsync, extra)
+            for _ in range(args.runs)]
     p50 = statistics.median(r["p50_ms"] for r in runs)
     p99 = statistics.median(r["p99_ms"] for r in runs)
     cb50 = statistics.median(r["callback_p50_ms"] for r in runs)
@@ -283,6 +320,9 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=10.0, help="length of a latency run (after 1 s warm-up)")
     parser.add_argument("--linger-ms", type=float, default=1.0, help="producer linger of a latency run")
     parser.add_argument("--no-fsync", action="store_true", help="latency run with oncelog.fsync.enable=false")
+    parser.add_argument("--broker-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a broker key for latency runs (repeatable), e.g. oncelog.loop.stall.threshold.ms=5: "
+                             "each run then prints the broker's event-loop stalls by site")
     parser.add_argument("--topic-compression", default="",
                         help="comma list of topic compression.type values to run each mode with (e.g. "
                              "producer,gzip,zstd,lz4); the producer sends uncompressed batches")
