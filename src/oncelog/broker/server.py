@@ -217,7 +217,7 @@ class Broker:
             self.metrics_port = self.metrics.serve(*self.metrics_listen)
         self._tasks = [
             loop.create_task(self._every(self.config["log.retention.check.interval.ms"], self._retention)),
-            loop.create_task(self._every(self.config["log.flush.offset.checkpoint.interval.ms"], self.logs.checkpoint)),
+            loop.create_task(self._every(self.config["log.flush.offset.checkpoint.interval.ms"], self._checkpoint)),
             loop.create_task(self._every(min(10000, self.config["connections.max.idle.ms"]), self._close_idle)),
             loop.create_task(
                 self._every(self.config["producer.id.expiration.check.interval.ms"],
@@ -304,6 +304,10 @@ class Broker:
                     await result
             except Exception:
                 log.exception("background task %s failed", getattr(action, "__name__", action))
+
+    async def _checkpoint(self) -> None:
+        """The periodic checkpoint: offsets taken on the loop, the files written (and fsynced) off it."""
+        await asyncio.to_thread(self.logs.write_checkpoints, self.logs.checkpoint_offsets())
 
     def _retention(self) -> None:
         self.logs.run_retention(now_ms())

@@ -95,6 +95,15 @@ def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
+@dataclass(frozen=True)
+class CheckpointOffsets:
+    """One snapshot of the checkpoint files' contents, numbered in the order taken."""
+
+    seq: int
+    recovery: dict[tuple[str, int], int]
+    starts: dict[tuple[str, int], int]
+
+
 class LogManager:
     """Owns every PartitionLog of the broker. Methods run on the event-loop thread."""
 
@@ -121,6 +130,8 @@ class LogManager:
         # The transaction coordinator's verification hook, given to every partition (KIP-890 part 1).
         self.verify_transaction: Any = None
         self._checkpoint_lock = threading.Lock()
+        self._checkpoint_seq = 0  # numbers the snapshots checkpoint_offsets takes
+        self._checkpoint_written = 0  # the newest of them written
 
     @property
     def _topics_dir(self) -> Path:
@@ -597,14 +608,28 @@ class LogManager:
         return deleted
 
     def checkpoint(self) -> None:
-        """Write both checkpoint files (fsynced, atomic). The recovery point is each log's `recovery_point`,
+        """Write both checkpoint files (fsynced, atomic), now. The recovery point is each log's `recovery_point`,
         which equals the high watermark when fsync is enabled."""
+        self.write_checkpoints(self.checkpoint_offsets())
+
+    def checkpoint_offsets(self) -> CheckpointOffsets:
+        """What the checkpoint files would hold now, numbered: taken on the loop (where the logs change), written
+        by `write_checkpoints` on any thread (the periodic checkpoint writes off the loop: its four fsyncs,
+        behind the flush thread's, held the loop for milliseconds to tens of them)."""
         logs = list(self._logs.items())
-        recovery = {key: plog.recovery_point for key, plog in logs}
-        starts = {key: plog.log_start_offset for key, plog in logs}
+        self._checkpoint_seq += 1
+        return CheckpointOffsets(self._checkpoint_seq, {key: plog.recovery_point for key, plog in logs},
+                                 {key: plog.log_start_offset for key, plog in logs})
+
+    def write_checkpoints(self, offsets: CheckpointOffsets) -> None:
+        """Write `offsets` unless newer ones were written meanwhile (a checkpoint written on the loop while an
+        older one waited for its thread must not be overwritten by it)."""
         with self._checkpoint_lock:
-            write_checkpoint(self.data_dir / RECOVERY_POINT_FILE, recovery)
-            write_checkpoint(self.data_dir / LOG_START_OFFSET_FILE, starts)
+            if offsets.seq <= self._checkpoint_written:
+                return
+            write_checkpoint(self.data_dir / RECOVERY_POINT_FILE, offsets.recovery)
+            write_checkpoint(self.data_dir / LOG_START_OFFSET_FILE, offsets.starts)
+            self._checkpoint_written = offsets.seq
 
     def _checkpoint_quietly(self) -> None:
         try:

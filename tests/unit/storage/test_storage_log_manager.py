@@ -195,6 +195,25 @@ def test_retention_and_delete_records_are_checkpointed(manager, tmp_path, clock)
     assert manager().get_log("r", 0).log_start_offset == 5
 
 
+def test_an_older_checkpoint_snapshot_never_overwrites_a_newer_one(manager, tmp_path):
+    """The periodic checkpoint takes its offsets on the loop and writes them on a thread; a checkpoint written
+    meanwhile (DeleteRecords writes one at once) is newer and must stay."""
+    mgr = manager()
+    mgr.create_topic("c", 1, {})
+    plog = mgr.get_log("c", 0)
+    for _ in range(6):
+        put(plog)
+    older = mgr.checkpoint_offsets()  # taken before the records go
+    assert mgr.delete_records("c", 0, 4) == 4  # writes its own checkpoint, newer
+    starts = tmp_path / "data" / "log-start-offset-checkpoint"
+    assert read_checkpoint(starts)[("c", 0)] == 4
+    mgr.write_checkpoints(older)  # the thread's write comes late: skipped
+    assert read_checkpoint(starts)[("c", 0)] == 4
+    newer = mgr.checkpoint_offsets()
+    mgr.write_checkpoints(newer)
+    assert read_checkpoint(starts)[("c", 0)] == 4 and newer.starts[("c", 0)] == 4
+
+
 def test_corrupt_checkpoint_does_not_stop_startup(manager, tmp_path):
     mgr = manager()
     mgr.create_topic("t", 1)
