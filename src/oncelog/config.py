@@ -387,6 +387,9 @@ def _broker_keys() -> dict[str, ConfigKey]:
         ConfigKey("oncelog.fsync.enable", TYPE_BOOLEAN, True,
                   "fsync before acknowledging acks=all and before data becomes visible to consumers. "
                   "Turning it off trades durability against power loss for speed."),
+        ConfigKey("oncelog.fsync.threads", TYPE_INT, 4,
+                  "How many partitions' fsyncs of one group-commit round run side by side (the filesystem's "
+                  "journal commits them together); 1: one after the other.", at_least(1)),
         ConfigKey("oncelog.test.fail.fsync.file", TYPE_STRING, "",
                   "TEST ONLY (fault injection): while the named file exists, every fsync of partition data "
                   "fails with EIO. Empty: off."),

@@ -111,7 +111,8 @@ class Broker:
         self.metrics_port: int | None = None
         self.watchers = PartitionWatchers()
         self.flusher = GroupCommitFlusher(
-            fsync_enabled=config["oncelog.fsync.enable"], on_high_watermark=self._on_high_watermark
+            fsync_enabled=config["oncelog.fsync.enable"], on_high_watermark=self._on_high_watermark,
+            sync_threads=config["oncelog.fsync.threads"],
         )
         self.logs = LogManager(self.data_dir, config, self.flusher)
         # Which partitions this broker serves and how acks=all completes: the single node leads them all.

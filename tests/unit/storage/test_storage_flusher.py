@@ -143,3 +143,39 @@ def test_forget_fails_waiters_of_a_deleted_log(open_log, append):
         assert info.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
 
     asyncio.run(main())
+
+
+def test_a_round_syncs_logs_side_by_side_and_keeps_each_logs_error(tmp_path):
+    """oncelog.fsync.threads: the logs of one round are synced side by side; each log still gets its own result
+    and every fd is closed, also when another log's sync fails."""
+    from oncelog.storage.flusher import _sync_all
+
+    paths = [tmp_path / f"f{i}" for i in range(4)]
+    fds = [os.open(p, os.O_CREAT | os.O_WRONLY, 0o644) for p in paths]
+    dir_fd = os.open(tmp_path, os.O_RDONLY)
+    bad = os.open(tmp_path / "bad", os.O_CREAT | os.O_WRONLY, 0o644)
+    os.close(bad)  # a closed fd: its fdatasync fails with EBADF
+    groups = [([fds[0], fds[1]], [dir_fd]), ([bad], []), ([fds[2]], []), ([fds[3]], [])]
+    seen: list[str] = []
+    fanout = ThreadPoolExecutor(max_workers=4)
+    real = os.fdatasync
+
+    def tracking(fd: int) -> None:
+        seen.append(threading.current_thread().name)
+        real(fd)
+
+    try:
+        os.fdatasync = tracking
+        results = _sync_all(groups, fanout)
+    finally:
+        os.fdatasync = real
+        fanout.shutdown()
+    assert [r is None for r in results] == [True, False, True, True]
+    assert results[1].errno == 9  # EBADF
+    assert len(set(seen)) > 1  # more than one thread synced
+    for fd in (*fds, dir_fd):
+        with pytest.raises(OSError):
+            os.fstat(fd)  # closed by the round
+    # one group, or no fan-out: inline, same results
+    fd = os.open(paths[0], os.O_WRONLY)
+    assert _sync_all([([fd], [])], None) == [None]
