@@ -475,3 +475,22 @@ def test_connection_limits_apply_to_tls_connections_before_their_handshake(tmp_p
         finally:
             for sock in socks:
                 sock.close()
+        # the slots come back, also from handshakes that failed (garbage instead of a ClientHello) or were dropped
+        for _ in range(5):
+            with socket.create_connection((host, int(port)), timeout=5) as bad:
+                bad.sendall(b"\x16\x03\x01\x00\x05hello")
+                bad.settimeout(5)
+                try:
+                    bad.recv(100)
+                except OSError:
+                    pass
+        time.sleep(0.5)
+        context = ssl.create_default_context(cafile=str(tls.ca_pem))
+        good = []
+        try:
+            for _ in range(5):
+                raw = socket.create_connection((host, int(port)), timeout=5)
+                good.append(context.wrap_socket(raw, server_hostname=host))  # a refused slot fails here
+        finally:
+            for sock in good:
+                sock.close()

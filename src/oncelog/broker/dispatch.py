@@ -152,7 +152,7 @@ class Dispatcher:
         it waits, as behind Kafka's muted channel; its time on the loop is recorded, and over the quota its answer
         says so and its connection is muted (a forwarded request is recorded, not throttled)."""
         conn: Any = ctx.connection
-        if getattr(conn, "muted", False):
+        if getattr(conn, "muted", False) and hasattr(conn, "until_unmuted"):
             await conn.until_unmuted()
             if conn.closed or (conn.close_at is not None and ctx.seq > conn.close_at):
                 return None
@@ -167,8 +167,9 @@ class Dispatcher:
         if throttle_ms <= 0:
             return result
         self.broker.metrics.throttle_time.labels(quota.quota_type, *tags).observe(throttle_ms)
-        if not ctx.from_broker:
-            conn.mute_for(throttle_ms / 1000)
+        mute = getattr(conn, "mute_for", None)
+        if mute is not None and not ctx.from_broker:
+            mute(throttle_ms / 1000)
         if result is None:
             return None
         return with_throttle_time(ctx.api_key, ctx.api_version, result, throttle_ms)

@@ -34,7 +34,6 @@ class _AlertingSSLProtocol(sslproto.SSLProtocol):
                  handshake_timeout: float, on_failed: Any) -> None:
         super().__init__(loop, conn, context, None, server_side=True, ssl_handshake_timeout=handshake_timeout)
         self._on_failed = on_failed
-        self._handshake_done = False
 
     def _do_handshake(self) -> None:
         try:
@@ -46,16 +45,17 @@ class _AlertingSSLProtocol(sslproto.SSLProtocol):
             self._report(exc)
             self._on_handshake_complete(exc)
         else:
-            self._handshake_done = True
             self._on_handshake_complete(None)
 
     def _check_handshake_timeout(self) -> None:
-        if not self._handshake_done:
+        if self._app_state == sslproto.AppProtocolState.STATE_INIT:
             self._report(TimeoutError("TLS handshake not completed within oncelog.authentication.timeout.ms"))
         super()._check_handshake_timeout()
 
     def connection_lost(self, exc: BaseException | None) -> None:
-        if not self._handshake_done:  # the peer left mid-handshake: it never reached the connection
+        if self._app_state == sslproto.AppProtocolState.STATE_INIT:
+            # never handed to the connection (the peer left mid-handshake, or the handshake failed after OpenSSL
+            # was done with it): it is released here
             self._report(exc or ConnectionError("closed during the TLS handshake"))
         super().connection_lost(exc)
 
