@@ -10,11 +10,13 @@ DATA_DIR ?= ./data
 LISTEN ?= 127.0.0.1:9092
 PYTEST_ARGS ?=
 # make test leaves out the slow runs against real Apache Kafka (the 3-node cluster, the long fault runs), the
-# long cluster-mode runs and the secured-broker interop runs of other clients' builds: `make kafka-test` runs every
-# test against Kafka, `make cluster-test` every cluster-mode test, `make interop-test` the slow interop runs.
-TEST_MARKERS ?= not kafka_cluster and not kafka_slow and not cluster_slow and not interop_slow
+# long cluster-mode runs, the secured-broker interop runs of other clients' builds and the other tests marked slow
+# (a long single-node run whose capability keeps a short test in make test): `make kafka-test` runs every test
+# against Kafka, `make cluster-test` every cluster-mode test, `make interop-test` the slow interop runs,
+# `make slow-test` the rest.
+TEST_MARKERS ?= not kafka_cluster and not kafka_slow and not cluster_slow and not interop_slow and not slow
 
-.PHONY: setup run cluster test kafka-test interop-test coordination-setup cluster-test lint bench clean
+.PHONY: setup run cluster test kafka-test interop-test slow-test coordination-setup cluster-test lint bench clean
 
 $(BASE_STAMP): pyproject.toml
 	@test -x $(PY) || { echo "setup: creating $(VENV) ($(PYTHON) -m venv)"; $(PYTHON) -m venv $(VENV); }
@@ -73,6 +75,11 @@ kafka-test: setup
 # Connect through SIGKILLs of its worker and the broker.
 interop-test: setup
 	$(PY) -m pytest -q -m interop_slow tests/interop $(PYTEST_ARGS)
+
+# The single-node tests marked slow (offsets expiring after a minute, the Spark driver SIGKILLed mid-batch, the
+# shortened `make demo`): about 2.5 minutes.
+slow-test: setup
+	$(PY) -m pytest -q -m "slow and not kafka_cluster and not kafka_slow and not cluster_slow and not interop_slow" $(PYTEST_ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check src tests bench

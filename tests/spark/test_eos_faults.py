@@ -66,6 +66,7 @@ def test_broker_sigkill_during_a_batch(retry_spark, broker_factory, topic_name, 
                                kill=broker.kill, restart=broker.restart)
 
 
+@pytest.mark.slow  # about 54 s; the broker SIGKILL, task failure and timeout cases stay in make test
 def test_driver_sigkill_in_the_middle_of_a_batch(module_broker, topic_name, tmp_path):
     driver_sigkill_in_the_middle_of_a_batch(module_broker.bootstrap, f"{topic_name}-in", f"{topic_name}-out",
                                             tmp_path)

@@ -74,9 +74,12 @@ def kafka_spark(tmp_path_factory):
 
 @pytest.fixture(autouse=True)
 def broker_log_clean(module_broker):
-    """Whatever the connector sent, the broker answered without logging a warning or an error."""
+    """Whatever the connector sent, the broker answered without logging a warning or an error. (Event loop stall
+    reports, logger oncelog.loop, say how busy the machine is, with Spark's JVM on the same 2 cores, not how the
+    broker answered: they are left out.)"""
     yield
-    bad = [line for line in module_broker.log_tail(400).splitlines() if " WARNING " in line or " ERROR " in line]
+    bad = [line for line in module_broker.log_tail(400).splitlines()
+           if (" WARNING " in line or " ERROR " in line) and " oncelog.loop: " not in line]
     assert not bad, "broker logged:\n" + "\n".join(bad[-10:])
 
 

@@ -8,11 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.spark.session import require_spark
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow  # about 33 s; the sink's own tests (test_sink.py) stay in make test
 def test_demo_prints_an_exactly_once_verdict():
     require_spark()
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
