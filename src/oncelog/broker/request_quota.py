@@ -19,6 +19,7 @@ The metering is off, at the cost of one test per request, while no request_perce
 
 from __future__ import annotations
 
+import logging
 import struct
 import time
 import types
@@ -34,6 +35,7 @@ EXEMPT_APIS = frozenset({ApiKey.WRITE_TXN_MARKERS, ApiKey.CONTROLLED_SHUTDOWN, A
                          ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE})
 
 _INT32 = struct.Struct(">i")
+log = logging.getLogger("oncelog.quotas")
 
 
 @types.coroutine
@@ -90,8 +92,14 @@ def with_throttle_time(api_key: int, version: int, result: Any, throttle_ms: int
         patched[:4] = _INT32.pack(max(throttle_ms, _INT32.unpack_from(patched)[0]))
         return patched
     if where == "inside" and not isinstance(result, list):
-        # rare (a throttled Produce or ApiVersions answer): decode, set, encode again
-        fields = RESPONSES[api_key].decode(memoryview(bytes(result)), version=version).to_dict()
-        fields["throttle_time_ms"] = max(throttle_ms, fields.get("throttle_time_ms") or 0)
-        return encode_response(api_key, version, fields)
+        # rare (a throttled Produce or ApiVersions answer): decode, set, encode again. Should the codec not take
+        # an answer back, it goes as it is: the mute still throttles, only the figure is missing
+        try:
+            fields = RESPONSES[api_key].decode(memoryview(bytes(result)), version=version).to_dict()
+            fields["throttle_time_ms"] = max(throttle_ms, fields.get("throttle_time_ms") or 0)
+            return encode_response(api_key, version, fields)
+        except Exception:
+            log.warning("could not set throttle_time_ms in a %s v%d answer; sent without it", ApiKey(api_key).name,
+                        version, exc_info=True)
+            return result
     return result

@@ -98,3 +98,8 @@ def test_throttle_time_elsewhere_and_absent():
 def test_brokers_own_apis_are_exempt():
     assert {ApiKey.WRITE_TXN_MARKERS, ApiKey.CONTROLLED_SHUTDOWN, ApiKey.SASL_AUTHENTICATE} <= EXEMPT_APIS
     assert ApiKey.PRODUCE not in EXEMPT_APIS and ApiKey.METADATA not in EXEMPT_APIS
+
+
+def test_an_answer_the_codec_cannot_take_back_goes_as_it_is():
+    damaged = b"\x00\x01\x02"  # not a Produce v8 answer
+    assert with_throttle_time(ApiKey.PRODUCE, 8, damaged, 100) == damaged
