@@ -661,6 +661,10 @@ def load_broker_config(
             inter_broker_listener(values, listener_specs(values))
         except ListenerError as exc:
             raise ConfigError(str(exc)) from None
+    if not values["oncelog.coordination.connect"] and values["zookeeper.set.acl"]:
+        raise ConfigError("zookeeper.set.acl=true needs a cluster's ZooKeeper: a single node keeps its metadata, "
+                          "ACLs and credentials in its data directory (set oncelog.coordination.connect to run a "
+                          "cluster)")
     if not values["oncelog.coordination.connect"] and values["default.replication.factor"] != 1:
         raise ConfigError("Invalid value for configuration default.replication.factor: must be 1 on a single "
                           "broker (set oncelog.coordination.connect to run a cluster)")

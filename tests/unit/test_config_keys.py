@@ -82,3 +82,9 @@ def test_refused_key_is_named_at_startup(key):
 def test_compression_levels_outside_kafkas_ranges_are_refused(key, bad):
     with pytest.raises(ConfigError, match=f"configuration {key}: must be between"):
         load_broker_config(overrides=[f"{key}={bad}"])
+
+
+def test_zookeeper_set_acl_without_a_cluster_is_refused_not_ignored():
+    with pytest.raises(ConfigError, match="zookeeper.set.acl=true needs a cluster's ZooKeeper"):
+        load_broker_config(overrides=["zookeeper.set.acl=true"])
+    assert load_broker_config(overrides=["zookeeper.set.acl=true", "oncelog.coordination.connect=127.0.0.1:2181"])

@@ -128,7 +128,9 @@ def _zookeeper_of(args: argparse.Namespace) -> tuple[str, Any]:
         return args.connect, OPEN
     try:
         with open(args.config, encoding="utf-8") as handle:
-            config = load_broker_config(handle.read(), strict=False)
+            # --connect stands for the file's connect string (a file without one is still a cluster's)
+            overrides = [f"oncelog.coordination.connect={args.connect}"] if args.connect else []
+            config = load_broker_config(handle.read(), overrides, strict=False)
     except OSError as exc:
         raise CommandError(f"--config {args.config}: {exc.strerror or exc}") from None
     except ConfigError as exc:
