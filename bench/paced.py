@@ -71,5 +71,6 @@ def paced_produce(settings: Mapping[str, Any], topic: str, partitions: int, rate
 
     return {"records": sent, "offered_mb_per_s": sent * RECORD / elapsed / 1e6,
             "p50_ms": ms(acked, 0.5), "p99_ms": ms(acked, 0.99), "p999_ms": ms(acked, 0.999), "max_ms": ms(acked, 1.0),
+            "over_30ms": sum(1 for value in acked if value > 0.030),
             "callback_p50_ms": ms(latencies, 0.5), "callback_p99_ms": ms(latencies, 0.99),
             "errors": errors[0], "undelivered": left}

@@ -6,9 +6,11 @@ off), then reads everything back with one consumer. Prints a table of the median
 `--runs` runs and writes JSON to bench/results/.
 
 With `--rate-mb R` it measures latency instead: each run offers R MB/s (idempotent, acks=all, linger
-`--linger-ms`) for `--seconds` to a fresh broker and reports p50/p99 from produce() to the delivery
-callback (bench/paced.py), median of the runs: issue 15's single-node figure (goal p50 <= 1.5 ms,
-p99 < 10 ms at 10 MB/s with fsync on).
+`--linger-ms`) for `--seconds` to a fresh broker and reports librdkafka's msg.latency() p50/p99/p99.9/max and
+the count of samples over 30 ms (bench/paced.py), median of the runs. `--systems oncelog,kafka` runs Apache
+Kafka 4.4 (one KRaft node, tests/support/kafka.py) through the same script, interleaved run by run (issue 24's
+side by side); each run also measures the machine's fdatasync of a 1 KiB append in the broker's directory, the
+floor of the fsync path's p50.
 
 With `--topic-compression producer,gzip,...` each mode runs once per topic compression.type (issue 21): the
 producer sends uncompressed batches, and the broker recompresses them to the topic's codec; `--value text`
@@ -255,29 +257,73 @@ def stall_summary(log_text: str) -> dict[str, Any]:
                       sorted(where.items(), key=lambda kv: -max(kv[1]))}}
 
 
-def latency_run(rate_mb: float, seconds: float, linger_ms: float, fsync: bool,
-                broker_settings: dict[str, str] | None = None) -> dict:
+LATENCY_SYSTEMS = ("oncelog", "oncelog-nofsync", "kafka", "kafka-flush1")
+
+
+def fdatasync_ms(directory: str, samples: int = 300) -> float:
+    """The machine's fdatasync of one appended 1 KiB write (median), in the directory the broker writes to: the
+    floor the issue's p50 goal is measured against."""
+    path = Path(directory) / "fdatasync-probe"
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        os.write(fd, b"x" * RECORD)
+        os.fsync(fd)
+        for _ in range(samples):
+            os.write(fd, b"x" * RECORD)
+            t0 = time.perf_counter()
+            os.fdatasync(fd)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.close(fd)
+        path.unlink()
+    return statistics.median(times) * 1000
+
+
+def latency_run(system: str, rate_mb: float, seconds: float, linger_ms: float, warmup_s: float,
+                broker_settings: dict[str, str] | None = None, kafka_setup: dict[str, str] | None = None) -> dict:
+    """One paced run against a fresh broker of `system`: oncelog (fsync before the ack, its default),
+    oncelog-nofsync, kafka (Apache Kafka 4.4, one KRaft node, its default flush: the page cache) or kafka-flush1
+    (the topic's flush.messages=1: an fsync per append)."""
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp:
-        settings = {} if fsync else {"oncelog.fsync.enable": "false"}
-        settings.update(broker_settings or {})
-        broker = BrokerProcess(Path(tmp) / "data", settings=settings).start()
+        fsync_ms = fdatasync_ms(tmp)
+        topic_config: dict[str, str] = {}
+        log_path: Path | None = None
+        if system.startswith("kafka"):
+            from tests.support.kafka import KafkaCluster
+
+            assert kafka_setup is not None
+            handle = KafkaCluster(Path(tmp) / "kafka", java=kafka_setup["java"], classpath=kafka_setup["classpath"],
+                                  settings=broker_settings or {}).start()
+            bootstrap, pid = handle.bootstrap, handle.nodes[0].pid
+            if system == "kafka-flush1":
+                topic_config["flush.messages"] = "1"
+        else:
+            settings = {} if system == "oncelog" else {"oncelog.fsync.enable": "false"}
+            settings.update(broker_settings or {})
+            handle = BrokerProcess(Path(tmp) / "data", settings=settings).start()
+            bootstrap, pid, log_path = handle.bootstrap, handle.proc.pid, handle.log_path
         try:
-            admin = AdminClient({"bootstrap.servers": broker.bootstrap})
-            admin.create_topics([NewTopic("bench", PARTITIONS, 1)])["bench"].result(30)
-            cpu_before = cpu_seconds(broker.proc.pid)
-            result = paced_produce({"bootstrap.servers": broker.bootstrap, "acks": "all", "enable.idempotence": True,
-                                    "linger.ms": linger_ms}, "bench", PARTITIONS, rate_mb, seconds)
-            result["broker_cpu_share"] = (cpu_seconds(broker.proc.pid) - cpu_before) / (seconds + 1)
+            admin = AdminClient({"bootstrap.servers": bootstrap})
+            admin.create_topics([NewTopic("bench", PARTITIONS, 1, config=topic_config)])["bench"].result(30)
+            time.sleep(1.0)  # leaders settled on both systems before the first record
+            cpu_before = cpu_seconds(pid)
+            result = paced_produce({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                                    "linger.ms": linger_ms}, "bench", PARTITIONS, rate_mb, seconds, warmup_s)
+            result["broker_cpu_share"] = (cpu_seconds(pid) - cpu_before) / (seconds + warmup_s)
         finally:
-            broker.stop()
-            result_stalls = stall_summary(broker.log_path.read_text(errors="replace"))
+            handle.stop()
+            result_stalls = stall_summary(log_path.read_text(errors="replace")) if log_path else None
+    result["system"] = system
+    result["fdatasync_ms"] = fsync_ms
     result["stalls"] = result_stalls
-    print(f"  p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  p99.9 {result['p999_ms']:.2f} ms  "
-          f"max {result['max_ms']:.1f} ms; "
-          f"callback p50 {result['callback_p50_ms']:.2f} ms  p99 {result['callback_p99_ms']:.2f} ms  "
-          f"(offered {result['offered_mb_per_s']:.1f} MB/s, broker CPU {result['broker_cpu_share'] * 100:.0f}%, "
+    result["over_30ms"] = result.pop("over_30ms", None)
+    print(f"  {system:<16} p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  "
+          f"p99.9 {result['p999_ms']:.2f} ms  max {result['max_ms']:.1f} ms  >30 ms {result['over_30ms']}; "
+          f"callback p50 {result['callback_p50_ms']:.2f} ms  (offered {result['offered_mb_per_s']:.1f} MB/s, "
+          f"broker CPU {result['broker_cpu_share'] * 100:.0f}%, fdatasync {fsync_ms:.2f} ms, "
           f"errors {result['errors']})", flush=True)
-    if result_stalls["count"]:
+    if result_stalls and result_stalls["count"]:
         print(f"    loop stalls: {result_stalls['count']}, longest {result_stalls['max_ms']:.1f} ms; by site:")
         for site, figures in list(result_stalls["sites"].items())[:8]:
             print(f"      {figures['count']:4d} x, max {figures['max_ms']:7.1f} ms  {site}")
@@ -285,21 +331,56 @@ def latency_run(rate_mb: float, seconds: float, linger_ms: float, fsync: bool,
 
 
 def latency_main(args: argparse.Namespace) -> int:
+    """Runs interleaved across systems (oncelog run 1, kafka run 1, oncelog run 2, ...), so both see the same
+    machine; the medians per system."""
     extra = dict(item.split("=", 1) for item in args.broker_setting)
-    runs = [latency_run(args.rate_mb, args.seconds, args.linger_ms, not args.no_fsync, extra)
-            for _ in range(args.runs)]
-    p50 = statistics.median(r["p50_ms"] for r in runs)
-    p99 = statistics.median(r["p99_ms"] for r in runs)
-    cb50 = statistics.median(r["callback_p50_ms"] for r in runs)
-    cb99 = statistics.median(r["callback_p99_ms"] for r in runs)
+    systems = [s for s in args.systems.split(",") if s]
+    if args.no_fsync:
+        systems = ["oncelog-nofsync" if s == "oncelog" else s for s in systems]
+    unknown = set(systems) - set(LATENCY_SYSTEMS)
+    if unknown:
+        raise SystemExit(f"unknown systems {sorted(unknown)}; choose from {', '.join(LATENCY_SYSTEMS)}")
+    kafka_setup = None
+    if any(s.startswith("kafka") for s in systems):
+        from tests.support.kafka import KafkaUnavailable, java_executable, kafka_classpath
+
+        try:
+            kafka_setup = {"java": java_executable(), "classpath": kafka_classpath()}
+        except KafkaUnavailable as exc:
+            print(f"kafka skipped: {exc}")
+            systems = [s for s in systems if not s.startswith("kafka")]
+    runs: dict[str, list[dict]] = {s: [] for s in systems}
+    for round_no in range(args.runs):
+        print(f"round {round_no + 1} of {args.runs}", flush=True)
+        for system in systems:
+            # broker keys go to oncelog only: Kafka does not know oncelog's
+            settings = extra if system.startswith("oncelog") else {}
+            warmup = args.warmup_seconds if args.warmup_seconds is not None else max(1.0, args.seconds / 4)
+            runs[system].append(latency_run(system, args.rate_mb, args.seconds, args.linger_ms, warmup, settings,
+                                            kafka_setup))
     print(f"\nlatency at {args.rate_mb:g} MB/s, {RECORD} B records, {PARTITIONS} partitions, idempotent, acks=all, "
-          f"linger {args.linger_ms:g} ms, fsync {'off' if args.no_fsync else 'on'}: p50 {p50:.2f} ms, "
-          f"p99 {p99:.2f} ms (librdkafka's msg.latency()); at the Python callback p50 {cb50:.2f} ms, p99 {cb99:.2f} ms "
-          f"(median of {args.runs})")
+          f"linger {args.linger_ms:g} ms, {args.seconds:g} s a run; librdkafka's msg.latency(), median of "
+          f"{args.runs} runs [min..max]")
+    print(f"{'system':<17}{'p50 ms':>20}{'p99 ms':>22}{'p99.9 ms':>22}{'max ms':>22}{'>30 ms':>8}{'CPU':>6}")
+    summary: dict[str, dict[str, Any]] = {}
+    for system, rs in runs.items():
+        row: dict[str, Any] = {}
+        cells = []
+        for key, width in (("p50_ms", 20), ("p99_ms", 22), ("p999_ms", 22), ("max_ms", 22)):
+            values = [r[key] for r in rs]
+            row[key] = statistics.median(values)
+            cells.append(f"{row[key]:.2f} [{min(values):.1f}..{max(values):.1f}]".rjust(width))
+        row["over_30ms"] = sum(r["over_30ms"] for r in rs)
+        row["broker_cpu_share"] = statistics.median(r["broker_cpu_share"] for r in rs)
+        row["fdatasync_ms"] = statistics.median(r["fdatasync_ms"] for r in rs)
+        summary[system] = row
+        print(f"{system:<17}{''.join(cells)}{row['over_30ms']:>8}{row['broker_cpu_share'] * 100:>5.0f}%")
+    fsync = statistics.median(r["fdatasync_ms"] for rs in runs.values() for r in rs)
+    print(f"this machine's fdatasync of a 1 KiB append: {fsync:.2f} ms (median over the runs)")
     out = Path(__file__).parent / "results" / f"produce_latency-{time.strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps({"rate_mb": args.rate_mb, "seconds": args.seconds, "linger_ms": args.linger_ms,
-                               "fsync": not args.no_fsync, "p50_ms": p50, "p99_ms": p99,
-                               "callback_p50_ms": cb50, "callback_p99_ms": cb99, "runs": runs}, indent=2))
+                               "broker_settings": extra, "fdatasync_ms": fsync, "summary": summary,
+                               "runs": runs}, indent=2))
     print(f"results: {out}")
     return 0
 
@@ -317,9 +398,17 @@ def main() -> int:
                         help="producer: confluent-kafka (librdkafka) or the Java client (needs java + mvn)")
     parser.add_argument("--produce-only", action="store_true", help="skip the fetch and consume phases")
     parser.add_argument("--rate-mb", type=float, default=None, help="measure latency at this offered rate instead")
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of a latency run (after 1 s warm-up)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured length of a latency run (after the warm-up)")
     parser.add_argument("--linger-ms", type=float, default=1.0, help="producer linger of a latency run")
+    parser.add_argument("--warmup-seconds", type=float, default=None,
+                        help="latency runs: seconds produced at the rate before measuring (default a quarter of "
+                             "--seconds, at least 1: the first 20%% of the run, as the issue measured; a fresh JVM "
+                             "needs it)")
     parser.add_argument("--no-fsync", action="store_true", help="latency run with oncelog.fsync.enable=false")
+    parser.add_argument("--systems", default="oncelog",
+                        help="latency runs: comma list of " + ",".join(LATENCY_SYSTEMS) + ", interleaved run by run "
+                             "(kafka: Apache Kafka 4.4, one KRaft node, jars from Maven Central; kafka-flush1: its "
+                             "topic with flush.messages=1)")
     parser.add_argument("--broker-setting", action="append", default=[], metavar="KEY=VALUE",
                         help="a broker key for latency runs (repeatable), e.g. oncelog.loop.stall.threshold.ms=5: "
                              "each run then prints the broker's event-loop stalls by site")

@@ -6,6 +6,12 @@ flush targets of all dirty logs (on the loop thread, so the snapshot is consiste
 ONE worker-thread call (fsync releases the GIL; the loop keeps serving and its writes go into the next round),
 then moves the high watermarks, wakes the waiters and tells the broker (long-poll fetches).
 
+With `oncelog.fsync.threads` = N > 1, up to N rounds run at once, each on a thread of its own, and a log is in
+at most one of them: a log that turns dirty while other logs' round is in flight starts its own round at once
+instead of waiting for that round to end (at 10 MB/s that wait was half a round, about 0.6 ms, on every
+request). A log dirty again during its own round waits for that round, as it must: `flush_targets` and
+`mark_flushed` pair up one round at a time per log.
+
 An fsync error takes the log offline: after a failed fsync Linux may have dropped the dirty pages, so a retry
 that "succeeds" would acknowledge data that is gone. Waiters get KAFKA_STORAGE_ERROR.
 
@@ -28,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import ErrorCode, KafkaError
 from . import fault_injection
+from .writeback import start_writeback
 
 if TYPE_CHECKING:
     from .partition_log import FlushTargets, PartitionLog
@@ -55,15 +62,14 @@ def _sync_group(fds: list[int], dir_fds: list[int]) -> OSError | None:
     return error
 
 
-def _sync_all(groups: list[tuple[list[int], list[int]]], fanout: Executor | None = None) -> list[OSError | None]:
-    """Flush thread: every group (log) synced, one result per group. With `fanout` (oncelog.fsync.threads > 1),
-    the groups' syncs run side by side, so the filesystem's journal can commit them together (ext4 here, in
-    isolation: 4 files' fdatasyncs one after the other 1.05 ms, side by side 0.55 ms, one alone 0.32 ms); the loop
-    still gets one hand-off back. Under a paced 10 MB/s load it hardly moved the latency and cost CPU: off by
-    default (docs/latency.md)."""
-    if fanout is None or len(groups) < 2:
-        return [_sync_group(fds, dir_fds) for fds, dir_fds in groups]
-    return list(fanout.map(_sync_group, *zip(*groups, strict=True)))
+def _sync_all(groups: list[tuple[list[int], list[int]]]) -> list[OSError | None]:
+    """Flush thread: every group (log) of one round synced one after the other, one result per group. With more
+    than one file to sync, all their writebacks are started first (storage/writeback.py): one journal commit
+    for the round instead of one per file."""
+    data_fds = [fd for fds, _ in groups for fd in fds]
+    if len(data_fds) > 1:
+        start_writeback(data_fds)
+    return [_sync_group(fds, dir_fds) for fds, dir_fds in groups]
 
 
 class GroupCommitFlusher:
@@ -80,10 +86,11 @@ class GroupCommitFlusher:
         self.on_high_watermark = on_high_watermark
         self._executor = executor
         self._own_executor: ThreadPoolExecutor | None = None
-        # oncelog.fsync.threads: how many logs' syncs of one round run side by side (1: one after the other)
+        # oncelog.fsync.threads: how many rounds may be in flight at once (each on its own thread)
         self.sync_threads = max(1, sync_threads)
-        self._fanout: ThreadPoolExecutor | None = None
         self._dirty: dict[PartitionLog, None] = {}  # insertion-ordered set
+        self._in_flight: set[PartitionLog] = set()  # logs whose round runs now
+        self._rounds_running: set[asyncio.Task] = set()
         self._waiters: dict[PartitionLog, list[tuple[int, int, asyncio.Future]]] = {}
         self._seq = itertools.count()
         self._wakeup: asyncio.Event | None = None
@@ -100,11 +107,9 @@ class GroupCommitFlusher:
         self._wakeup = asyncio.Event()
         self._stopping = False
         if self._executor is None:
-            # A thread of its own: fsyncs never queue behind other run_in_executor work.
-            self._own_executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="oncelog-fsync")
+            # Threads of their own: fsyncs never queue behind other run_in_executor work.
+            self._own_executor = ThreadPoolExecutor(max_workers=self.sync_threads, thread_name_prefix="oncelog-fsync")
             self._executor = self._own_executor
-        if self.sync_threads > 1 and self._fanout is None:
-            self._fanout = ThreadPoolExecutor(max_workers=self.sync_threads, thread_name_prefix="oncelog-fsync-fan")
         self._task = asyncio.get_running_loop().create_task(self._run(), name="oncelog-flusher")
         if self._dirty:
             self._wakeup.set()
@@ -124,9 +129,6 @@ class GroupCommitFlusher:
             if self._own_executor is not None:
                 self._own_executor.shutdown(wait=False)
                 self._own_executor = self._executor = None
-            if self._fanout is not None:
-                self._fanout.shutdown(wait=False)
-                self._fanout = None
         for plog in list(self._waiters):
             self._fail(plog, KafkaError(ErrorCode.NOT_LEADER_OR_FOLLOWER, "The broker is shutting down"))
 
@@ -165,22 +167,36 @@ class GroupCommitFlusher:
     # -- the task --------------------------------------------------------------------------------------------
     async def _run(self) -> None:
         assert self._wakeup is not None
-        while True:
-            await self._wakeup.wait()
-            self._wakeup.clear()
-            while self._dirty:
-                try:
-                    await self._round()
-                except asyncio.CancelledError:
-                    raise
-                except Exception:  # a bug must not stop durability for everyone else
-                    log.exception("flush round failed")
-            if self._stopping:
-                return
+        try:
+            while True:
+                await self._wakeup.wait()
+                self._wakeup.clear()
+                self._start_rounds()
+                if self._stopping and not self._rounds_running and not self._dirty:
+                    return
+        finally:
+            for task in list(self._rounds_running):
+                task.cancel()  # only when the flusher itself is cancelled: stop() lets them finish
 
-    async def _round(self) -> None:
-        logs = list(self._dirty)
-        self._dirty.clear()
+    def _start_rounds(self) -> None:
+        """Start a round for the dirty logs that are not in flight, while a thread is free."""
+        while len(self._rounds_running) < self.sync_threads:
+            logs = [plog for plog in self._dirty if plog not in self._in_flight]
+            if not logs:
+                return
+            for plog in logs:
+                del self._dirty[plog]
+            # The flush targets now, as the logs leave the dirty set: a waiter that comes before the round's
+            # task runs then finds its log clean, not dirty again for an empty second round.
+            work = self._prepare(logs)
+            if not work:
+                continue
+            logs = [plog for plog, _ in work]
+            self._in_flight.update(logs)
+            task = asyncio.get_running_loop().create_task(self._guarded_round(logs, work))
+            self._rounds_running.add(task)
+
+    def _prepare(self, logs: list[PartitionLog]) -> list[tuple[PartitionLog, FlushTargets]]:
         work: list[tuple[PartitionLog, FlushTargets]] = []
         for plog in logs:
             if plog.offline_reason is not None:
@@ -191,8 +207,22 @@ class GroupCommitFlusher:
             except OSError as exc:
                 plog.mark_offline(f"could not prepare fsync: {exc}")
                 self._fail_offline(plog)
-        if not work:
-            return
+        return work
+
+    async def _guarded_round(self, logs: list[PartitionLog], work: list[tuple[PartitionLog, FlushTargets]]) -> None:
+        try:
+            await self._round(work)
+        except asyncio.CancelledError:
+            raise
+        except Exception:  # a bug must not stop durability for everyone else
+            log.exception("flush round failed")
+        finally:
+            self._in_flight.difference_update(logs)
+            self._rounds_running.discard(asyncio.current_task())  # type: ignore[arg-type]
+            if self._wakeup is not None:
+                self._wakeup.set()  # its logs may be dirty again, and a thread is free
+
+    async def _round(self, work: list[tuple[PartitionLog, FlushTargets]]) -> None:
         groups = [(targets.fds, targets.dir_fds) for _, targets in work]
         errors: list[OSError | None]
         if any(fds or dir_fds for fds, dir_fds in groups):
@@ -200,7 +230,7 @@ class GroupCommitFlusher:
             self.synced_fds += sum(len(fds) + len(dir_fds) for fds, dir_fds in groups)
             loop = asyncio.get_running_loop()
             try:
-                errors = await loop.run_in_executor(self._executor, _sync_all, groups, self._fanout)
+                errors = await loop.run_in_executor(self._executor, _sync_all, groups)
             except asyncio.CancelledError:
                 raise  # the worker still runs and closes the fds
             except Exception as exc:  # the call never ran (executor gone): nothing is known to be durable
