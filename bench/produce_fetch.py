@@ -314,6 +314,11 @@ def latency_run(system: str, rate_mb: float, seconds: float, linger_ms: float, w
         finally:
             handle.stop()
             result_stalls = stall_summary(log_path.read_text(errors="replace")) if log_path else None
+    # The run's files are gone now, but not its writeback: Kafka leaves hundreds of MB dirty in the page cache,
+    # and their writeback and the unlink's journal work would land in the next run's fsyncs (measured: a 45 ms
+    # hiccup in the oncelog run after a Kafka run). Every run starts on a quiet disk.
+    os.sync()
+    time.sleep(2.0)
     result["system"] = system
     result["fdatasync_ms"] = fsync_ms
     result["stalls"] = result_stalls

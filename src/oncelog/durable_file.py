@@ -35,3 +35,21 @@ def atomic_write(path: str | os.PathLike, data: bytes, mode: int = 0o644) -> Non
         os.close(fd)
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(path) or ".")
+
+
+def replace_unsynced(path: str | os.PathLike, data: bytes) -> int:
+    """Replace `path` with `data` without waiting for the disk, and return a read-only fd of the new file for the
+    caller to fsync later (and close), together with the directory. Until then a crash may leave the old file,
+    the new one, or a torn new one: only for files whose reader checks them (a CRC) and falls back to an older
+    copy, such as producer-state snapshots."""
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    return os.open(path, os.O_RDONLY | os.O_CLOEXEC)

@@ -4,8 +4,10 @@ This is the narrow interface the broker's handlers (and, later, the transaction
 coordinator) use: `append_records` checks and appends in one synchronous step on the
 event loop, so no other append can slip between the producer-state verdict and the
 write. Producer state is snapshotted whenever data it was built from could go away
-(segment roll, segment deletion, clean shutdown), always after the log is durable up
-to the snapshot's offset, so a snapshot never describes data a crash can take back.
+(segment roll, segment deletion, clean shutdown). Before a deletion and at shutdown the
+log is made durable up to the snapshot's offset first; at a roll (inside an append, on
+the loop) the snapshot is written at once and synced by the log's next flush round, and
+a snapshot a crash left ahead of the recovered log, or torn, is dropped at load.
 
 For replication a partition also keeps its leader-epoch cache, and offers what a
 follower does to its storage: truncate (rebuilding producer state and the aborted-
@@ -473,7 +475,24 @@ class Partition:
             log.error("%s: producer-state snapshot failed: %s", self.name, exc)
 
     def _on_roll(self, new_base: int) -> None:
-        self.snapshot()
+        """A roll happens inside an append, on the event loop: the snapshot is written there, but its fsyncs (and
+        the transaction index's) go into the log's next flush round, as Kafka moved a roll's flushes to its
+        scheduler (KAFKA-15046). Until that round a crash may take the snapshot back or leave it ahead of the
+        log: a torn one fails its CRC and one above the recovered log end is dropped (load_latest_snapshot), so
+        recovery starts from an older one and replays."""
+        try:
+            fds = self.txn_index.take_unsynced_fds()
+            try:
+                fd = self.producers.write_snapshot(self.log.log_end_offset, sync=False)
+            except OSError:
+                for held in fds:
+                    os.close(held)
+                raise
+            if fd is not None:
+                fds.append(fd)
+            self.log.sync_in_next_round(fds)
+        except (KafkaError, OSError) as exc:
+            log.error("%s: producer-state snapshot at roll failed: %s", self.name, exc)
 
     def _before_delete(self) -> None:
         self.snapshot()

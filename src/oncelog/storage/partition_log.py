@@ -475,6 +475,17 @@ class PartitionLog:
             self._notify_dirty()
         return base
 
+    def sync_in_next_round(self, fds: list[int]) -> None:
+        """Files written beside the log (a roll's producer-state snapshot and transaction index), whose fsyncs,
+        with the directory's, go into the next flush round instead of holding the caller. Takes the fds."""
+        if not self.fsync_enabled or self.offline_reason is not None:
+            for fd in fds:
+                os.close(fd)
+            return
+        self._pending_fds.extend(fds)
+        self._dir_dirty = True
+        self._notify_dirty()
+
     def _notify_dirty(self) -> None:
         if self.on_dirty is not None:
             self._notified = True

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import crc32c
 
+from ..durable_file import replace_unsynced
 from ..errors import ErrorCode
 from ..records.batch import BatchHeader
 from .checkpoints import atomic_write
@@ -283,14 +284,25 @@ class ProducerStateManager:
                 offsets.append(int(entry.name[: -len(SNAPSHOT_SUFFIX)]))
         return sorted(offsets)
 
-    def write_snapshot(self, offset: int) -> None:
-        """Persist the state as of log offset `offset` (the caller made the log durable up to it)."""
-        atomic_write(self.snapshot_path(offset), encode_snapshot(self.entries.values()))
-        for old in self.list_snapshots()[:-SNAPSHOTS_KEPT]:
+    def write_snapshot(self, offset: int, sync: bool = True) -> int | None:
+        """Persist the state as of log offset `offset`. With `sync` the file is durable on return (the caller
+        made the log durable up to `offset` first). Without, it is written but not synced, and its fd is returned
+        for the caller to sync (a segment roll hands it to the log's next flush round): a snapshot a crash tears
+        fails its CRC at load and an older one is used, and one above the recovered log end is dropped. So
+        that an older, durable one is still there then, an unsynced write keeps one more snapshot."""
+        data = encode_snapshot(self.entries.values())
+        path = self.snapshot_path(offset)
+        fd: int | None = None
+        if sync:
+            atomic_write(path, data)
+        else:
+            fd = replace_unsynced(path, data)
+        for old in self.list_snapshots()[:-(SNAPSHOTS_KEPT if sync else SNAPSHOTS_KEPT + 1)]:
             try:
                 self.snapshot_path(old).unlink()
             except OSError:
                 pass
+        return fd
 
     def load_latest_snapshot(self, max_offset: int) -> int | None:
         """Load the newest readable snapshot at or below `max_offset`; return its offset.

@@ -136,6 +136,25 @@ class TxnIndex:
         self._unwritten.pop(path, None)
         path.unlink(missing_ok=True)
 
+    def take_unsynced_fds(self) -> list[int]:
+        """Write what earlier appends could not, and return a read-only fd of every file written since the last
+        sync, for the caller to fsync and close (a segment roll's flush round); raises OSError while a write
+        still fails."""
+        for path in list(self._unwritten):
+            self._write_unwritten(path)
+        fds: list[int] = []
+        for path in list(self._dirty_files):
+            try:
+                fds.append(os.open(path, os.O_RDONLY | os.O_CLOEXEC))
+            except FileNotFoundError:
+                pass
+            except OSError:
+                for fd in fds:
+                    os.close(fd)
+                raise
+        self._dirty_files.clear()
+        return fds
+
     def sync(self) -> None:
         """Write what earlier appends could not, then fsync; raises OSError while that still fails."""
         for path in list(self._unwritten):
