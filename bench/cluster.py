@@ -12,7 +12,7 @@ Maven Central), takes every measurement below on it in this order, and throws it
                oncelog's default already fsyncs before acks=all.
   latency      `--latency-seconds` at a fixed `--rate-mb` MB/s, same producer with `--latency-linger-ms`: per
                message, from produce() to librdkafka's acknowledgement (msg.latency()) and to the Python
-               delivery callback (bench/paced.py; the first second is warm-up, not counted).
+               delivery callback (bench/paced.py; a quarter of the run before it is warm-up, not counted).
   failover     SIGKILL the leader of a one-partition RF 3 topic while a producer writes every 10 ms: seconds to
                the first acknowledged write produced after the kill. Then SIGKILL the controller (oncelog: the
                broker holding /controller; Kafka: the active KRaft quorum leader, from quorum-state): seconds to
@@ -104,7 +104,7 @@ class Target:
 class OncelogTarget(Target):
     name = "oncelog"
 
-    def __init__(self, directory: Path, fsync: bool = True) -> None:
+    def __init__(self, directory: Path, fsync: bool = True, settings: dict[str, str] | None = None) -> None:
         # fsync=False (`oncelog-nofsync`): acks=all from the in-sync replicas' page caches, as Kafka's default, to
         # measure what the durable acknowledgement of docs/cluster.md §4.3 costs.
         # __transaction_state as tests/support/kafka.py configures Kafka's 3 nodes (RF 3, min ISR 2, 5 partitions),
@@ -114,7 +114,8 @@ class OncelogTarget(Target):
                                                      "transaction.state.log.replication.factor": 3,
                                                      "transaction.state.log.min.isr": MIN_ISR,
                                                      "transaction.state.log.num.partitions": TXN_STATE_PARTITIONS,
-                                                     "oncelog.fsync.enable": str(fsync).lower()})
+                                                     "oncelog.fsync.enable": str(fsync).lower(),
+                                                     **(settings or {})})
         self.cluster.start(START_TIMEOUT_S)
 
     @property
@@ -292,9 +293,13 @@ def measure_latency(target: Target, args: argparse.Namespace, round_no: int) -> 
     topic = f"bench-latency-{round_no}"
     create_topic(target, topic, args.topic_partitions, 3, {"min.insync.replicas": str(MIN_ISR)})
     wait_isr(target, topic, 3)
+    # A quarter of the run as warm-up, at least 1 s (fresh JVMs compile for the first seconds; bench/produce_fetch.py
+    # does the same).
     result = paced_produce({"bootstrap.servers": target.bootstrap, **SETTINGS, "linger.ms": args.latency_linger_ms},
-                           topic, args.topic_partitions, args.rate_mb, args.latency_seconds)
+                           topic, args.topic_partitions, args.rate_mb, args.latency_seconds,
+                           max(1.0, args.latency_seconds / 4))
     print(f"  latency at {args.rate_mb} MB/s: p50 {result['p50_ms']:.2f} ms  p99 {result['p99_ms']:.2f} ms  "
+          f"p99.9 {result['p999_ms']:.2f} ms  max {result['max_ms']:.1f} ms  >30 ms {result['over_30ms']}  "
           f"(achieved {result['offered_mb_per_s']:.1f} MB/s, errors {result['errors']})", flush=True)
     return result
 
@@ -569,6 +574,9 @@ ROWS: list[tuple[str, str, tuple[str, ...]]] = [
     ("broker CPU, Kafka flush.messages=1", "s/GiB", ("produce", "flush.messages=1", "broker_cpu_s_per_gib")),
     ("latency p50 at fixed rate", "ms", ("latency", "p50_ms")),
     ("latency p99 at fixed rate", "ms", ("latency", "p99_ms")),
+    ("latency p99.9 at fixed rate", "ms", ("latency", "p999_ms")),
+    ("latency max at fixed rate", "ms", ("latency", "max_ms")),
+    ("  samples over 30 ms", "", ("latency", "over_30ms")),
     ("  at the Python callback p50", "ms", ("latency", "callback_p50_ms")),
     ("  at the Python callback p99", "ms", ("latency", "callback_p99_ms")),
     ("leader SIGKILL -> next ack", "s", ("failover", "leader_kill", "seconds")),
@@ -637,6 +645,8 @@ def main() -> int:
     parser.add_argument("--partitions", type=int, default=10_000, help="partitions of the many-partition run")
     parser.add_argument("--partition-batch", type=int, default=1_000, help="partitions per CreateTopics")
     parser.add_argument("--partition-rf", type=int, default=1, help="replication factor of the many partitions")
+    parser.add_argument("--broker-setting", action="append", default=[], metavar="KEY=VALUE",
+                        help="a key for every oncelog broker (repeatable), e.g. oncelog.fsync.threads=2")
     parser.add_argument("--kafka-heap-mb", type=int, default=1024,
                         help="Kafka's -Xmx per node: 1024 is what Kafka's own kafka-server-start.sh gives it (the "
                              "test fixtures' 384 MB heap cost Kafka about 40%% of its produce throughput here)")
@@ -660,7 +670,8 @@ def main() -> int:
             print(f"round {round_no} {system}", flush=True)
             with tempfile.TemporaryDirectory(prefix=f"bench-cluster-{system}-") as tmp:
                 t0 = time.perf_counter()
-                target: Target = (OncelogTarget(Path(tmp), fsync=system == "oncelog")
+                target: Target = (OncelogTarget(Path(tmp), fsync=system == "oncelog",
+                                                settings=dict(item.split("=", 1) for item in args.broker_setting))
                                   if system.startswith("oncelog")
                                   else KafkaTarget(Path(tmp), java, classpath, args.kafka_heap_mb))
                 result: dict[str, Any] = {"start_s": time.perf_counter() - t0}
