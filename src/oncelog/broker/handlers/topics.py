@@ -41,14 +41,14 @@ def _validate_new_topic(broker: BrokerServices, name: str, partitions: int) -> N
     problem = topic_name_problem(name)
     if problem:
         raise KafkaError(ErrorCode.INVALID_TOPIC_EXCEPTION, problem)
-    if name in broker.logs.topics:
+    if name in broker.logs.topics or broker.logs.is_being_created(name):
         raise KafkaError(ErrorCode.TOPIC_ALREADY_EXISTS, f"Topic '{name}' already exists.")
     if partitions < 1:
         raise KafkaError(ErrorCode.INVALID_PARTITIONS, "Number of partitions must be at least 1")
 
 
-def _create_one(broker: BrokerServices, item: Any, validate_only: bool, version: int,
-                show_configs: bool = True) -> dict[str, Any]:
+async def _create_one(broker: BrokerServices, item: Any, validate_only: bool, version: int,
+                      show_configs: bool = True) -> dict[str, Any]:
     out: dict[str, Any] = {
         "name": item.name, "topic_id": topic_uuid(None), "error_code": 0, "error_message": None,
         "num_partitions": -1, "replication_factor": -1, "configs": [],
@@ -72,7 +72,8 @@ def _create_one(broker: BrokerServices, item: Any, validate_only: bool, version:
             _validate_new_topic(broker, item.name, partitions)
             config = broker.config.topic_config(overrides)
         else:
-            meta = broker.logs.create_topic(item.name, partitions, overrides)
+            # the files on a worker thread: a wide topic must not stop the loop (docs/latency.md)
+            meta = await broker.logs.create_topic_off_loop(item.name, partitions, overrides)
             config = meta.config
             out["topic_id"] = topic_uuid(meta.topic_id)
             log.info("created topic %s with %d partitions %s", item.name, partitions, overrides or "")
@@ -150,7 +151,8 @@ async def handle_create_topics(broker: BrokerServices, ctx: RequestContext, body
         if item.name in denied:
             results.append(_created_entry(item.name, ErrorCode.TOPIC_AUTHORIZATION_FAILED, _CREATE_DENIED))
             continue
-        results.append(_create_one(broker, item, req.validate_only, ctx.api_version, item.name in describable))
+        results.append(await _create_one(broker, item, req.validate_only, ctx.api_version,
+                                         item.name in describable))
     return encode_response(ApiKey.CREATE_TOPICS, ctx.api_version, {"throttle_time_ms": 0, "topics": results})
 
 
