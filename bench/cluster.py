@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import statistics
 import sys
 import tempfile
@@ -651,6 +652,9 @@ def main() -> int:
                         help="Kafka's -Xmx per node: 1024 is what Kafka's own kafka-server-start.sh gives it (the "
                              "test fixtures' 384 MB heap cost Kafka about 40%% of its produce throughput here)")
     args = parser.parse_args()
+    # SIGTERM (a kill, a timeout) unwinds like Ctrl-C, so each run's `finally` stops its brokers: they run in
+    # process groups of their own and would otherwise outlive the benchmark.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     systems = args.systems.split(",")
     measurements = args.measurements.split(",")
     unknown = set(measurements) - set(MEASUREMENTS) | set(systems) - {"oncelog", "oncelog-nofsync", "kafka"}

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import statistics
 import struct
@@ -423,6 +424,9 @@ def main() -> int:
     parser.add_argument("--value", choices=("x", "text"), default="x",
                         help="record value: one repeated byte, or compressible text")
     args = parser.parse_args()
+    # SIGTERM (a kill, a timeout) unwinds like Ctrl-C, so each run's `finally` stops its brokers: they run in
+    # process groups of their own and would otherwise outlive the benchmark.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     global VALUE
     if args.value == "text":
         VALUE = text_value()
