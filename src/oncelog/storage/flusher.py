@@ -171,7 +171,10 @@ class GroupCommitFlusher:
             while True:
                 await self._wakeup.wait()
                 self._wakeup.clear()
-                self._start_rounds()
+                try:
+                    self._start_rounds()
+                except Exception:  # a bug must not stop durability for everyone else
+                    log.exception("starting a flush round failed")
                 if self._stopping and not self._rounds_running and not self._dirty:
                     return
         finally:

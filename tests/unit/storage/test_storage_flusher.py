@@ -246,3 +246,23 @@ def test_start_writeback_leaves_errors_to_fdatasync(tmp_path):
     start_writeback([fd, 987654])  # a bad fd: no exception here
     os.fdatasync(fd)
     os.close(fd)
+
+
+def test_a_bug_while_starting_a_round_does_not_stop_the_flusher(open_log, append, tmp_path, monkeypatch):
+    """A log whose flush targets raise something unexpected is logged; the flusher task lives on and serves the
+    next round of the other logs."""
+    broken, fine = open_log(fsync=True), open_log(fsync=True, directory=tmp_path / "u-0")
+
+    async def main():
+        flusher = GroupCommitFlusher(fsync_enabled=True)
+        broken.on_dirty = fine.on_dirty = flusher.mark_dirty
+        flusher.start()
+        monkeypatch.setattr(broken, "flush_targets", lambda: (_ for _ in ()).throw(RuntimeError("bug")))
+        append(broken)
+        await asyncio.sleep(0.05)
+        assert flusher._task is not None and not flusher._task.done()
+        append(fine)
+        await asyncio.wait_for(flusher.wait_durable(fine, 1), 5)
+        await flusher.stop()
+
+    asyncio.run(main())
