@@ -14,18 +14,22 @@ from oncelog.storage.flusher import GroupCommitFlusher
 
 
 class GatedExecutor(ThreadPoolExecutor):
-    """Runs the fsync call only once the test opens the gate, so the test can act during a round."""
+    """Runs the fsync call only once the test opens the gate, so the test can act during a round. With
+    `only_first`, only the first call waits for the gate and later ones run at once."""
 
-    def __init__(self) -> None:
-        super().__init__(max_workers=1)
+    def __init__(self, workers: int = 1, only_first: bool = False) -> None:
+        super().__init__(max_workers=workers)
         self.gate = threading.Event()
         self.calls = 0
+        self.only_first = only_first
 
     def submit(self, fn, /, *args, **kwargs):
         self.calls += 1
+        wait = not self.only_first or self.calls == 1
 
         def gated():
-            self.gate.wait(5)
+            if wait:
+                self.gate.wait(5)
             return fn(*args, **kwargs)
 
         return super().submit(gated)
@@ -145,31 +149,11 @@ def test_forget_fails_waiters_of_a_deleted_log(open_log, append):
     asyncio.run(main())
 
 
-class FirstCallGatedExecutor(ThreadPoolExecutor):
-    """Two threads; the first fsync call waits for the gate, later ones run at once."""
-
-    def __init__(self) -> None:
-        super().__init__(max_workers=2)
-        self.gate = threading.Event()
-        self.calls = 0
-
-    def submit(self, fn, /, *args, **kwargs):
-        self.calls += 1
-        first = self.calls == 1
-
-        def gated():
-            if first:
-                self.gate.wait(5)
-            return fn(*args, **kwargs)
-
-        return super().submit(gated)
-
-
 def test_a_log_turning_dirty_during_another_logs_round_starts_its_own(open_log, append, tmp_path):
     """oncelog.fsync.threads=2: log B's waiter is answered while log A's round still hangs in its fsync; A's
     next bytes wait for A's own round (one round per log at a time) and get a round after it."""
     a, b = open_log(fsync=True), open_log(fsync=True, directory=tmp_path / "u-0")
-    executor = FirstCallGatedExecutor()
+    executor = GatedExecutor(workers=2, only_first=True)
 
     async def main():
         flusher = GroupCommitFlusher(fsync_enabled=True, executor=executor, sync_threads=2)
