@@ -393,6 +393,11 @@ def _broker_keys() -> dict[str, ConfigKey]:
                   "Measured at 10 MB/s over 4 partitions on ext4, 2 did not lower the broker's produce latency "
                   "(the journal commits one round at a time anyway), so 1 is the default (docs/latency.md).",
                   at_least(1)),
+        ConfigKey("oncelog.fsync.slow.round.ms", TYPE_INT, 50,
+                  "A group-commit fsync round at least this long is logged (WARNING, oncelog.storage.flusher) with "
+                  "the disk's share of it and its slowest partition: every acks=all answer the round covers waited "
+                  "for it. All rounds are timed in oncelog_fsync_round_seconds and oncelog_fsync_disk_seconds. "
+                  "0: no log line.", at_least(0)),
         ConfigKey("oncelog.test.fail.fsync.file", TYPE_STRING, "",
                   "TEST ONLY (fault injection): while the named file exists, every fsync of partition data "
                   "fails with EIO. Empty: off."),

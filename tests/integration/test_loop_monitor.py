@@ -30,3 +30,21 @@ def test_a_stall_is_logged_with_its_stack_and_counted(tmp_path):
         assert "handle_create_partitions" in line and "create_partitions" in line, line[:3000]
         assert "runners.py" not in line.split("WARNING", 1)[0]  # asyncio's own frames are left out
         assert metric(scrape(broker.metrics_port), "oncelog_event_loop_stalls_total") >= 1
+
+
+def test_fsync_rounds_are_timed_in_prometheus(tmp_path):
+    """oncelog_fsync_round_seconds / oncelog_fsync_disk_seconds: every group-commit round an acks=all produce
+    waited for is counted, with the disk's share no larger than the round (storage/flusher.py FlushRound)."""
+    from confluent_kafka import Producer
+
+    with BrokerProcess(tmp_path / "data", {}, metrics=True) as broker:
+        before = metric(scrape(broker.metrics_port), "oncelog_fsync_round_seconds_count")
+        p = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 0})
+        for i in range(5):
+            p.produce("timed", f"v{i}".encode())
+            assert p.flush(30) == 0  # one acks=all answer at a time: each waits for a round of its own
+        text = scrape(broker.metrics_port)
+        rounds = metric(text, "oncelog_fsync_round_seconds_count")
+        assert rounds - before >= 5, (before, rounds)
+        assert metric(text, "oncelog_fsync_disk_seconds_count") == rounds
+        assert 0 < metric(text, "oncelog_fsync_disk_seconds_sum") <= metric(text, "oncelog_fsync_round_seconds_sum")

@@ -210,7 +210,20 @@ class BrokerMetrics:
                                    "Event loop stalls over oncelog.loop.stall.threshold.ms (each logged)", registry=r)
         self.gc_pause = Histogram("oncelog_gc_pause_seconds", "Garbage collection pauses, by generation",
                                   ["generation"], buckets=_LOOP_BUCKETS, registry=r)
+        # The group commit's rounds (storage/flusher.py): each round from hand-off to results, and the flush thread's
+        # own time in the disk; with fsync before the ack, a round is the floor of the answers it covers.
+        self.fsync_round = Histogram("oncelog_fsync_round_seconds",
+                                     "Group-commit fsync rounds, from the hand-off to the flush thread to the results",
+                                     buckets=_LOOP_BUCKETS, registry=r)
+        self.fsync_disk = Histogram("oncelog_fsync_disk_seconds",
+                                    "The flush thread's time in the disk (writeback and syncs) per round",
+                                    buckets=_LOOP_BUCKETS, registry=r)
         self._http = None
+
+    def observe_flush_round(self, timing: Any) -> None:
+        """storage/flusher.py's FlushRound of each round."""
+        self.fsync_round.observe(timing.round_s)
+        self.fsync_disk.observe(timing.disk_s)
 
     def watch_partitions(self, logs: Callable[[], Iterable[tuple[str, int, Any]]],
                          partitions: Callable[[], Iterable[Any]] | None = None) -> None:

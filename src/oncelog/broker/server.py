@@ -112,7 +112,8 @@ class Broker:
         self.watchers = PartitionWatchers()
         self.flusher = GroupCommitFlusher(
             fsync_enabled=config["oncelog.fsync.enable"], on_high_watermark=self._on_high_watermark,
-            sync_threads=config["oncelog.fsync.threads"],
+            sync_threads=config["oncelog.fsync.threads"], on_round=self.metrics.observe_flush_round,
+            slow_round_ms=config["oncelog.fsync.slow.round.ms"],
         )
         self.logs = LogManager(self.data_dir, config, self.flusher)
         # Which partitions this broker serves and how acks=all completes: the single node leads them all.

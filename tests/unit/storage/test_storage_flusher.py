@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -250,3 +252,88 @@ def test_a_bug_while_starting_a_round_does_not_stop_the_flusher(open_log, append
         await flusher.stop()
 
     asyncio.run(main())
+
+
+def test_a_slow_round_is_logged_with_the_disks_share(open_log, append, tmp_path, monkeypatch, caplog,
+                                                     topic_config, clock):
+    """oncelog.fsync.slow.round.ms: a round over the threshold is one WARNING naming the disk's time and the
+    slowest log; every round reaches `on_round`. A round slow on the disk and one slow before the disk (the
+    flush thread busy: here a gate) are told apart by the disk's share."""
+    from oncelog.storage.partition_log import PartitionLog
+
+    quick = open_log(fsync=True)
+    slow = PartitionLog.open(tmp_path / "slow-0", "slow", 0, topic_config(), recovery_point=0, log_start_offset=0,
+                             clean=True, now_ms=clock, fsync=True)
+    real_fdatasync = os.fdatasync
+    slow_fds: set[int] = set()
+
+    def fdatasync(fd: int) -> None:
+        if fd in slow_fds:  # once: the flusher closes its fds after the round, and their numbers come back
+            slow_fds.discard(fd)
+            time.sleep(0.08)
+        real_fdatasync(fd)
+
+    monkeypatch.setattr(os, "fdatasync", fdatasync)
+    executor = GatedExecutor(only_first=True)
+    rounds = []
+
+    async def main():
+        flusher = GroupCommitFlusher(fsync_enabled=True, executor=executor, on_round=rounds.append,
+                                     slow_round_ms=50)
+        slow.on_dirty = quick.on_dirty = flusher.mark_dirty
+        real_targets = slow.flush_targets
+
+        def targets():
+            found = real_targets()
+            slow_fds.update(found.fds)
+            return found
+
+        monkeypatch.setattr(slow, "flush_targets", targets)
+        flusher.start()
+        append(quick)
+        first = asyncio.ensure_future(flusher.wait_durable(quick, 1))
+        while executor.calls == 0:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(0.08)  # the round waits for the flush thread (the gate), not for the disk
+        executor.gate.set()
+        await asyncio.wait_for(first, 5)
+        append(slow)
+        append(quick)
+        await asyncio.wait_for(asyncio.gather(flusher.wait_durable(slow, 1), flusher.wait_durable(quick, 2)), 5)
+        append(quick)
+        await asyncio.wait_for(flusher.wait_durable(quick, 3), 5)
+        await flusher.stop()
+        slow.close()
+
+    with caplog.at_level(logging.WARNING, logger="oncelog.storage.flusher"):
+        asyncio.run(main())
+    assert len(rounds) == 3
+    gated, disk, fast = rounds
+    assert gated.round_s >= 0.08 and gated.disk_s < 0.05 and gated.files == 1
+    assert disk.round_s >= 0.08 and disk.disk_s >= 0.08 and disk.slowest == "slow-0" and disk.slowest_s >= 0.08
+    assert disk.files == 2
+    assert fast.round_s < 0.05
+    lines = [r.getMessage() for r in caplog.records if "fsync round took" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "slowest log slow-0 " in lines[1] and "2 files of 2 logs" in lines[1]
+    disk_ms = float(lines[1].split("the disk ")[1].split(" ms")[0])
+    assert disk_ms >= 80
+    assert float(lines[0].split("the disk ")[1].split(" ms")[0]) < 50
+
+
+def test_no_slow_round_line_at_threshold_zero(open_log, append, monkeypatch, caplog):
+    plog = open_log(fsync=True)
+    real_fdatasync = os.fdatasync
+    monkeypatch.setattr(os, "fdatasync", lambda fd: (time.sleep(0.06), real_fdatasync(fd))[1])
+
+    async def main():
+        flusher = GroupCommitFlusher(fsync_enabled=True, slow_round_ms=0)
+        plog.on_dirty = flusher.mark_dirty
+        flusher.start()
+        append(plog)
+        await asyncio.wait_for(flusher.wait_durable(plog, 1), 5)
+        await flusher.stop()
+
+    with caplog.at_level(logging.WARNING, logger="oncelog.storage.flusher"):
+        asyncio.run(main())
+    assert not [r for r in caplog.records if "fsync round took" in r.getMessage()]
