@@ -1,7 +1,7 @@
 """Group commit: one fsync round covers every partition and connection that wrote since the previous round.
 
 An fsync costs about the same for one batch as for a thousand, so waiters never trigger an fsync of their own:
-they mark their log dirty and wait for the high watermark to pass their offset. The flusher task takes the
+they mark their log dirty and wait for the high watermark to pass their offset. The flusher takes the
 flush targets of all dirty logs (on the loop thread, so the snapshot is consistent), runs every fdatasync in
 ONE worker-thread call (fsync releases the GIL; the loop keeps serving and its writes go into the next round),
 then moves the high watermarks, wakes the waiters and tells the broker (long-poll fetches).
@@ -30,7 +30,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import ErrorCode, KafkaError
@@ -121,42 +121,42 @@ class GroupCommitFlusher:
         self.sync_threads = max(1, sync_threads)
         self._dirty: dict[PartitionLog, None] = {}  # insertion-ordered set
         self._in_flight: set[PartitionLog] = set()  # logs whose round runs now
-        self._rounds_running: set[asyncio.Task] = set()
+        self._running = 0  # rounds handed to a flush thread and not yet finished on the loop
         self._waiters: dict[PartitionLog, list[tuple[int, int, asyncio.Future]]] = {}
         self._seq = itertools.count()
-        self._wakeup: asyncio.Event | None = None
-        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._scheduled = False  # a `_start_rounds` call is due on the loop
         self._stopping = False
+        self._drained: asyncio.Event | None = None  # set by the last round's end once stop() asked
         # Counters for metrics and tests: fsync rounds run (each one worker-thread call) and fds synced.
         self.rounds = 0
         self.synced_fds = 0
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def start(self) -> None:
-        if self._task is not None:
+        if self._loop is not None:
             return
-        self._wakeup = asyncio.Event()
+        self._loop = asyncio.get_running_loop()
         self._stopping = False
         if self._executor is None:
             # Threads of their own: fsyncs never queue behind other run_in_executor work.
             self._own_executor = ThreadPoolExecutor(max_workers=self.sync_threads, thread_name_prefix="oncelog-fsync")
             self._executor = self._own_executor
-        self._task = asyncio.get_running_loop().create_task(self._run(), name="oncelog-flusher")
         if self._dirty:
-            self._wakeup.set()
+            self._schedule()
 
     async def stop(self) -> None:
-        """Finish the rounds that are due, then end the task. Waiters still pending afterwards get an error."""
-        task = self._task
-        if task is None:
+        """Finish the rounds that are due, then stop. Waiters still pending afterwards get an error."""
+        if self._loop is None:
             return
         self._stopping = True
-        assert self._wakeup is not None
-        self._wakeup.set()
+        self._drained = asyncio.Event()
+        self._schedule()
         try:
-            await task
+            await self._drained.wait()
         finally:
-            self._task = None
+            self._loop = None
+            self._drained = None
             if self._own_executor is not None:
                 self._own_executor.shutdown(wait=False)
                 self._own_executor = self._executor = None
@@ -167,8 +167,7 @@ class GroupCommitFlusher:
     def mark_dirty(self, plog: PartitionLog) -> None:
         """`plog` has appended bytes (or new/deleted segment files) that the next round must make durable."""
         self._dirty[plog] = None
-        if self._wakeup is not None:
-            self._wakeup.set()
+        self._schedule()
 
     async def wait_durable(self, plog: PartitionLog, offset: int) -> None:
         """Return once `plog`'s high watermark is >= `offset` (pass the batch's last offset + 1): durable here,
@@ -187,48 +186,51 @@ class GroupCommitFlusher:
         """The owner of a replicated log moved its high watermark: wake the waiters it now covers. (A single
         node's rounds do this themselves.)"""
         self._wake(plog)
-        if plog in self._dirty and self._wakeup is not None:
-            self._wakeup.set()
+        if plog in self._dirty:
+            self._schedule()
 
     def forget(self, plog: PartitionLog, error: KafkaError | None = None) -> None:
         """`plog` is gone (topic deleted): drop it and fail its waiters."""
         self._dirty.pop(plog, None)
         self._fail(plog, error or KafkaError(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{plog.name} was deleted"))
 
-    # -- the task --------------------------------------------------------------------------------------------
-    async def _run(self) -> None:
-        assert self._wakeup is not None
+    # -- rounds ----------------------------------------------------------------------------------------------
+    # Callbacks on the loop, not a task: a task would cost a loop iteration to wake the flusher, one to start
+    # the round's task and one to resume it after the thread, each behind every other callback that is ready
+    # under load. Here an append's `_schedule` starts the round in the next iteration (so the appends of one
+    # iteration share it), and the thread's result is handled, the waiters woken and the next round handed to
+    # the thread in one callback.
+    def _schedule(self) -> None:
+        if self._loop is None or self._scheduled:
+            return
+        self._scheduled = True
+        self._loop.call_soon(self._start_rounds_guarded)
+
+    def _start_rounds_guarded(self) -> None:
+        self._scheduled = False
         try:
-            while True:
-                await self._wakeup.wait()
-                self._wakeup.clear()
-                try:
-                    self._start_rounds()
-                except Exception:  # a bug must not stop durability for everyone else
-                    log.exception("starting a flush round failed")
-                if self._stopping and not self._rounds_running and not self._dirty:
-                    return
-        finally:
-            for task in list(self._rounds_running):
-                task.cancel()  # only when the flusher itself is cancelled: stop() lets them finish
+            self._start_rounds()
+        except Exception:  # a bug must not stop durability for everyone else
+            log.exception("starting a flush round failed")
+        if self._stopping and self._drained is not None and not self._running and not self._dirty:
+            self._drained.set()
 
     def _start_rounds(self) -> None:
         """Start a round for the dirty logs that are not in flight, while a thread is free."""
-        while len(self._rounds_running) < self.sync_threads:
+        while self._running < self.sync_threads:
             logs = [plog for plog in self._dirty if plog not in self._in_flight]
             if not logs:
                 return
             for plog in logs:
                 del self._dirty[plog]
             # The flush targets now, as the logs leave the dirty set: a waiter that comes before the round's
-            # task runs then finds its log clean, not dirty again for an empty second round.
+            # thread runs then finds its log clean, not dirty again for an empty second round.
             work = self._prepare(logs)
             if not work:
                 continue
-            logs = [plog for plog, _ in work]
-            self._in_flight.update(logs)
-            task = asyncio.get_running_loop().create_task(self._guarded_round(logs, work))
-            self._rounds_running.add(task)
+            self._in_flight.update(plog for plog, _ in work)
+            self._running += 1
+            self._hand_off(work)
 
     def _prepare(self, logs: list[PartitionLog]) -> list[tuple[PartitionLog, FlushTargets]]:
         work: list[tuple[PartitionLog, FlushTargets]] = []
@@ -243,52 +245,66 @@ class GroupCommitFlusher:
                 self._fail_offline(plog)
         return work
 
-    async def _guarded_round(self, logs: list[PartitionLog], work: list[tuple[PartitionLog, FlushTargets]]) -> None:
+    def _hand_off(self, work: list[tuple[PartitionLog, FlushTargets]]) -> None:
+        """Give the round to a flush thread; its end comes back as one `_finish` callback on the loop."""
+        loop = self._loop
+        assert loop is not None
+        groups = [(targets.fds, targets.dir_fds) for _, targets in work]
+        if not any(fds or dir_fds for fds, dir_fds in groups):
+            loop.call_soon(self._finish, work, [None] * len(work), None)
+            return
+        self.rounds += 1
+        self.synced_fds += sum(len(fds) + len(dir_fds) for fds, dir_fds in groups)
+        seconds: list[float] = []
+        began = time.perf_counter()
+
+        def back_on_the_loop(done: Future) -> None:
+            try:
+                loop.call_soon_threadsafe(self._finish, work, done, (began, seconds))
+            except RuntimeError:  # the loop is closed (the broker ended without stop()): nothing to tell
+                pass
+
         try:
-            await self._round(work)
-        except asyncio.CancelledError:
-            raise
+            future = self._executor.submit(_sync_all, groups, seconds)  # type: ignore[union-attr]
+        except Exception as exc:  # the call never ran (executor gone): nothing is known to be durable
+            for _, targets in work:
+                targets.close()
+            loop.call_soon(self._finish, work, [OSError(f"fsync could not run: {exc!r}")] * len(work), None)
+            return
+        future.add_done_callback(back_on_the_loop)
+
+    def _finish(self, work: list[tuple[PartitionLog, FlushTargets]], outcome: Future | list[OSError | None],
+                timing: tuple[float, list[float]] | None) -> None:
+        """On the loop: a round is over. Move the logs' durable ends, wake their waiters, start the next round."""
+        try:
+            if isinstance(outcome, Future):
+                try:
+                    errors: list[OSError | None] = outcome.result()
+                except Exception as exc:  # the sync call itself failed: nothing is known to be durable
+                    errors = [OSError(f"fsync failed: {exc!r}")] * len(work)
+            else:
+                errors = outcome
+            if timing is not None:
+                self._timed(work, time.perf_counter() - timing[0], timing[1])
+            for (plog, targets), error in zip(work, errors, strict=True):
+                if error is not None:
+                    plog.mark_offline(f"fsync failed: {error}")
+                    self._fail_offline(plog)
+                    continue
+                plog.mark_flushed(targets.end_offset)
+                self._wake(plog)
+                if self.on_high_watermark is not None:
+                    try:
+                        self.on_high_watermark(plog)
+                    except Exception:
+                        log.exception("high watermark callback failed for %s", plog.name)
         except Exception:  # a bug must not stop durability for everyone else
             log.exception("flush round failed")
         finally:
-            self._in_flight.difference_update(logs)
-            self._rounds_running.discard(asyncio.current_task())  # type: ignore[arg-type]
-            if self._wakeup is not None:
-                self._wakeup.set()  # its logs may be dirty again, and a thread is free
-
-    async def _round(self, work: list[tuple[PartitionLog, FlushTargets]]) -> None:
-        groups = [(targets.fds, targets.dir_fds) for _, targets in work]
-        errors: list[OSError | None]
-        if any(fds or dir_fds for fds, dir_fds in groups):
-            self.rounds += 1
-            self.synced_fds += sum(len(fds) + len(dir_fds) for fds, dir_fds in groups)
-            loop = asyncio.get_running_loop()
-            seconds: list[float] = []
-            began = time.perf_counter()
-            try:
-                errors = await loop.run_in_executor(self._executor, _sync_all, groups, seconds)
-            except asyncio.CancelledError:
-                raise  # the worker still runs and closes the fds
-            except Exception as exc:  # the call never ran (executor gone): nothing is known to be durable
-                for _, targets in work:
-                    targets.close()
-                errors = [OSError(f"fsync could not run: {exc!r}")] * len(work)
-            else:
-                self._timed(work, time.perf_counter() - began, seconds)
-        else:
-            errors = [None] * len(work)
-        for (plog, targets), error in zip(work, errors, strict=True):
-            if error is not None:
-                plog.mark_offline(f"fsync failed: {error}")
-                self._fail_offline(plog)
-                continue
-            plog.mark_flushed(targets.end_offset)
-            self._wake(plog)
-            if self.on_high_watermark is not None:
-                try:
-                    self.on_high_watermark(plog)
-                except Exception:
-                    log.exception("high watermark callback failed for %s", plog.name)
+            self._in_flight.difference_update(plog for plog, _ in work)
+            self._running -= 1
+        # Its logs may be dirty again, and a thread is free: the next round now, in this same callback.
+        self._start_rounds_guarded()
 
     def _timed(self, work: list[tuple[PartitionLog, FlushTargets]], round_s: float, seconds: list[float]) -> None:
         """Report a finished round (`seconds`: the writeback start, then each log's syncs, from `_sync_all`)."""

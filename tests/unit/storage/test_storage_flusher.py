@@ -235,8 +235,8 @@ def test_start_writeback_leaves_errors_to_fdatasync(tmp_path):
 
 
 def test_a_bug_while_starting_a_round_does_not_stop_the_flusher(open_log, append, tmp_path, monkeypatch):
-    """A log whose flush targets raise something unexpected is logged; the flusher task lives on and serves the
-    next round of the other logs."""
+    """A log whose flush targets raise something unexpected is logged; the flusher lives on and serves the next
+    round of the other logs."""
     broken, fine = open_log(fsync=True), open_log(fsync=True, directory=tmp_path / "u-0")
 
     async def main():
@@ -246,7 +246,6 @@ def test_a_bug_while_starting_a_round_does_not_stop_the_flusher(open_log, append
         monkeypatch.setattr(broken, "flush_targets", lambda: (_ for _ in ()).throw(RuntimeError("bug")))
         append(broken)
         await asyncio.sleep(0.05)
-        assert flusher._task is not None and not flusher._task.done()
         append(fine)
         await asyncio.wait_for(flusher.wait_durable(fine, 1), 5)
         await flusher.stop()
