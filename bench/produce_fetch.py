@@ -272,7 +272,7 @@ def slow_round_summary(log_text: str) -> dict[str, Any]:
             "disk_over_30ms": sum(1 for _, disk in rounds if disk >= 30)}
 
 
-LATENCY_SYSTEMS = ("oncelog", "oncelog-nofsync", "kafka", "kafka-flush1")
+LATENCY_SYSTEMS = ("oncelog", "oncelog-syncfs", "oncelog-nofsync", "kafka", "kafka-flush1")
 SLOW_ROUND_MS = "20"  # oncelog.fsync.slow.round.ms of the latency runs: rounds near the 30 ms goal are listed
 
 
@@ -299,7 +299,7 @@ def fdatasync_ms(directory: str, samples: int = 300) -> float:
 def latency_run(system: str, rate_mb: float, seconds: float, linger_ms: float, warmup_s: float,
                 broker_settings: dict[str, str] | None = None, kafka_setup: dict[str, str] | None = None) -> dict:
     """One paced run against a fresh broker of `system`: oncelog (fsync before the ack, its default),
-    oncelog-nofsync, kafka (Apache Kafka 4.4, one KRaft node, its default flush: the page cache) or kafka-flush1
+    oncelog-syncfs (the same with oncelog.fsync.method=syncfs), oncelog-nofsync, kafka (Apache Kafka 4.4, one KRaft node, its default flush: the page cache) or kafka-flush1
     (the topic's flush.messages=1: an fsync per append)."""
     with tempfile.TemporaryDirectory(prefix="oncelog-bench-") as tmp:
         fsync_ms = fdatasync_ms(tmp)
@@ -317,7 +317,9 @@ def latency_run(system: str, rate_mb: float, seconds: float, linger_ms: float, w
                 topic_config["flush.messages"] = "1"
         else:
             settings = {"oncelog.fsync.slow.round.ms": SLOW_ROUND_MS}
-            if system != "oncelog":
+            if system == "oncelog-syncfs":
+                settings["oncelog.fsync.method"] = "syncfs"
+            elif system == "oncelog-nofsync":
                 settings["oncelog.fsync.enable"] = "false"
             settings.update(broker_settings or {})
             handle = BrokerProcess(Path(tmp) / "data", settings=settings).start()

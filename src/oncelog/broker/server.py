@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import BrokerConfig
+from ..config import BrokerConfig, ConfigError
 from ..coordinator.group import GroupCoordinator
 from ..coordinator.txn.coordinator import TransactionCoordinator
 from ..coordinator.txn.producer_ids import ProducerIdManager
@@ -28,6 +28,7 @@ from ..security.quotas import normal_ip
 from ..storage.cleaner.manager import LogCleaner
 from ..storage.flusher import GroupCommitFlusher
 from ..storage.log_manager import LogManager
+from ..storage.syncfs import supported as syncfs_supported
 from .connection import Connection
 from .context import CoordinatorNode
 from .delayed import PartitionWatchers
@@ -113,7 +114,7 @@ class Broker:
         self.flusher = GroupCommitFlusher(
             fsync_enabled=config["oncelog.fsync.enable"], on_high_watermark=self._on_high_watermark,
             sync_threads=config["oncelog.fsync.threads"], on_round=self.metrics.observe_flush_round,
-            slow_round_ms=config["oncelog.fsync.slow.round.ms"],
+            slow_round_ms=config["oncelog.fsync.slow.round.ms"], use_syncfs=self._use_syncfs(config),
         )
         self.logs = LogManager(self.data_dir, config, self.flusher)
         # Which partitions this broker serves and how acks=all completes: the single node leads them all.
@@ -383,6 +384,18 @@ class Broker:
         return {"error_code": result.error, "producer_id": result.producer_id, "producer_epoch": result.producer_epoch}
 
     # -- partitions -------------------------------------------------------------------------------
+    @staticmethod
+    def _use_syncfs(config: BrokerConfig) -> bool:
+        """oncelog.fsync.method=syncfs, refused at start where syncfs would not report an I/O error."""
+        if config["oncelog.fsync.method"] != "syncfs" or not config["oncelog.fsync.enable"]:
+            return False
+        reason = syncfs_supported()
+        if reason is not None:
+            raise ConfigError(f"oncelog.fsync.method=syncfs: {reason}")
+        log.info("group commit: a round of several files is one syncfs per filesystem (oncelog.fsync.method=syncfs; "
+                 "everything dirty on the data directory's filesystem is written with it)")
+        return True
+
     def _on_high_watermark(self, plog: Any) -> None:
         self.watchers.notify((plog.topic, plog.partition))
         if self.cluster is not None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from ..errors import ErrorCode, KafkaError
 from . import fault_injection
+from .syncfs import sync_filesystems
 from .writeback import start_writeback
 
 if TYPE_CHECKING:
@@ -63,13 +64,28 @@ def _sync_group(fds: list[int], dir_fds: list[int]) -> OSError | None:
     return error
 
 
-def _sync_all(groups: list[tuple[list[int], list[int]]], seconds: list[float] | None = None) -> list[OSError | None]:
+def _sync_all(groups: list[tuple[list[int], list[int]]], seconds: list[float] | None = None,
+              use_syncfs: bool = False) -> list[OSError | None]:
     """Flush thread: every group (log) of one round synced one after the other, one result per group. With more
     than one file to sync, all their writebacks are started first (storage/writeback.py): one journal commit
-    for the round instead of one per file. `seconds`, if given, gets the disk's time: the writeback start, then
-    each group's syncs (the evidence a slow round's log line gives, per round and never per record)."""
+    for the round instead of one per file. With `use_syncfs` (oncelog.fsync.method=syncfs) and more than one
+    file, one syncfs per filesystem does it all (storage/syncfs.py); on its error every file is fdatasynced
+    after all, so each log learns its own. `seconds`, if given, gets the disk's time: the round-wide calls
+    (writeback start or syncfs), then each group's syncs (the evidence a slow round's log line gives, per round
+    and never per record)."""
     clock = time.perf_counter
     started = clock()
+    all_fds = [fd for fds, dir_fds in groups for fd in (*fds, *dir_fds)]
+    if use_syncfs and len(all_fds) > 1 and _syncfs_round(all_fds):
+        for fd in all_fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if seconds is not None:
+            seconds.append(clock() - started)
+            seconds.extend(0.0 for _ in groups)
+        return [None] * len(groups)
     data_fds = [fd for fds, _ in groups for fd in fds]
     if len(data_fds) > 1:
         start_writeback(data_fds)
@@ -82,6 +98,15 @@ def _sync_all(groups: list[tuple[list[int], list[int]]], seconds: list[float] | 
         if seconds is not None:
             seconds.append(clock() - began)
     return results
+
+
+def _syncfs_round(fds: list[int]) -> bool:
+    """True when one syncfs per filesystem made every fd durable; False sends the round to per-file syncs."""
+    try:
+        fault_injection.check_fsync()
+    except OSError:
+        return False  # the per-file syncs fail too, each for its own log
+    return sync_filesystems(fds) is None
 
 
 class FlushRound(NamedTuple):
@@ -107,8 +132,11 @@ class GroupCommitFlusher:
         sync_threads: int = 1,
         on_round: Callable[[FlushRound], None] | None = None,
         slow_round_ms: int = 0,
+        use_syncfs: bool = False,
     ) -> None:
         self.fsync_enabled = fsync_enabled
+        # oncelog.fsync.method=syncfs (the caller checked storage/syncfs.py `supported()`)
+        self.use_syncfs = use_syncfs
         # Every round's timing (the broker's oncelog_fsync_round_seconds), and the rounds logged as slow: with
         # fsync before the ack, a round is the floor of every acks=all answer it covers, so a latency tail the
         # event loop's monitor does not explain shows up here, split into the disk's time and the rest.
@@ -265,7 +293,7 @@ class GroupCommitFlusher:
                 pass
 
         try:
-            future = self._executor.submit(_sync_all, groups, seconds)  # type: ignore[union-attr]
+            future = self._executor.submit(_sync_all, groups, seconds, self.use_syncfs)  # type: ignore[union-attr]
         except Exception as exc:  # the call never ran (executor gone): nothing is known to be durable
             for _, targets in work:
                 targets.close()
@@ -320,7 +348,7 @@ class GroupCommitFlusher:
             except Exception:
                 log.exception("flush round callback failed")
         if self.slow_round_s and round_s >= self.slow_round_s:
-            log.warning("fsync round took %.1f ms: the disk %.1f ms (writeback start %.1f ms, slowest log %s "
+            log.warning("fsync round took %.1f ms: the disk %.1f ms (round-wide calls %.1f ms, slowest log %s "
                         "%.1f ms), %d files of %d logs; every acks=all answer it covers waited for it",
                         round_s * 1000, timing.disk_s * 1000, seconds[0] * 1000, timing.slowest,
                         timing.slowest_s * 1000, timing.files, len(work))
