@@ -297,7 +297,8 @@ def fdatasync_ms(directory: str, samples: int = 300) -> float:
 
 
 def latency_run(system: str, rate_mb: float, seconds: float, linger_ms: float, warmup_s: float,
-                broker_settings: dict[str, str] | None = None, kafka_setup: dict[str, str] | None = None) -> dict:
+                broker_settings: dict[str, str] | None = None, kafka_setup: dict[str, str] | None = None,
+                partitions: int = PARTITIONS) -> dict:
     """One paced run against a fresh broker of `system`: oncelog (fsync before the ack, its default),
     oncelog-syncfs (the same with oncelog.fsync.method=syncfs), oncelog-nofsync, kafka (Apache Kafka 4.4, one KRaft node, its default flush: the page cache) or kafka-flush1
     (the topic's flush.messages=1: an fsync per append)."""
@@ -326,11 +327,11 @@ def latency_run(system: str, rate_mb: float, seconds: float, linger_ms: float, w
             bootstrap, pid, log_path = handle.bootstrap, handle.proc.pid, handle.log_path
         try:
             admin = AdminClient({"bootstrap.servers": bootstrap})
-            admin.create_topics([NewTopic("bench", PARTITIONS, 1, config=topic_config)])["bench"].result(30)
+            admin.create_topics([NewTopic("bench", partitions, 1, config=topic_config)])["bench"].result(30)
             time.sleep(1.0)  # leaders settled on both systems before the first record
             cpu_before = cpu_seconds(pid)
             result = paced_produce({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
-                                    "linger.ms": linger_ms}, "bench", PARTITIONS, rate_mb, seconds, warmup_s)
+                                    "linger.ms": linger_ms}, "bench", partitions, rate_mb, seconds, warmup_s)
             result["broker_cpu_share"] = (cpu_seconds(pid) - cpu_before) / (seconds + warmup_s)
         finally:
             handle.stop()
@@ -390,8 +391,8 @@ def latency_main(args: argparse.Namespace) -> int:
             settings = extra if system.startswith("oncelog") else {}
             warmup = args.warmup_seconds if args.warmup_seconds is not None else max(1.0, args.seconds / 4)
             runs[system].append(latency_run(system, args.rate_mb, args.seconds, args.linger_ms, warmup, settings,
-                                            kafka_setup))
-    print(f"\nlatency at {args.rate_mb:g} MB/s, {RECORD} B records, {PARTITIONS} partitions, idempotent, acks=all, "
+                                            kafka_setup, args.partitions))
+    print(f"\nlatency at {args.rate_mb:g} MB/s, {RECORD} B records, {args.partitions} partitions, idempotent, acks=all, "
           f"linger {args.linger_ms:g} ms, {args.seconds:g} s a run; librdkafka's msg.latency(), median of "
           f"{args.runs} runs [min..max]")
     print(f"{'system':<17}{'p50 ms':>20}{'p99 ms':>22}{'p99.9 ms':>22}{'max ms':>22}{'>30 ms':>8}{'CPU':>6}")
@@ -411,7 +412,7 @@ def latency_main(args: argparse.Namespace) -> int:
     fsync = statistics.median(r["fdatasync_ms"] for rs in runs.values() for r in rs)
     print(f"this machine's fdatasync of a 1 KiB append: {fsync:.2f} ms (median over the runs)")
     out = Path(__file__).parent / "results" / f"produce_latency-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    out.write_text(json.dumps({"rate_mb": args.rate_mb, "seconds": args.seconds, "linger_ms": args.linger_ms,
+    out.write_text(json.dumps({"rate_mb": args.rate_mb, "partitions": args.partitions, "seconds": args.seconds, "linger_ms": args.linger_ms,
                                "broker_settings": extra, "fdatasync_ms": fsync, "summary": summary,
                                "runs": runs}, indent=2))
     print(f"results: {out}")
@@ -438,6 +439,9 @@ def main() -> int:
                              "--seconds, at least 1: the first 20%% of the run, as the issue measured; a fresh JVM "
                              "needs it)")
     parser.add_argument("--no-fsync", action="store_true", help="latency run with oncelog.fsync.enable=false")
+    parser.add_argument("--partitions", type=int, default=PARTITIONS,
+                        help=f"latency runs: partitions of the topic, written round-robin (default {PARTITIONS}); "
+                             "a flush round syncs each partition written since the last one")
     parser.add_argument("--systems", default="oncelog",
                         help="latency runs: comma list of " + ",".join(LATENCY_SYSTEMS) + ", interleaved run by run "
                              "(kafka: Apache Kafka 4.4, one KRaft node, jars from Maven Central; kafka-flush1: its "
