@@ -166,6 +166,7 @@ class GroupCommitFlusher:
             return
         self._loop = asyncio.get_running_loop()
         self._stopping = False
+        self._scheduled = False  # a call left on a loop that stopped (a flusher started again) runs nowhere
         if self._executor is None:
             # Threads of their own: fsyncs never queue behind other run_in_executor work.
             self._own_executor = ThreadPoolExecutor(max_workers=self.sync_threads, thread_name_prefix="oncelog-fsync")
@@ -236,6 +237,8 @@ class GroupCommitFlusher:
 
     def _start_rounds_guarded(self) -> None:
         self._scheduled = False
+        if self._loop is None:  # stopped: a round finishing late starts no other
+            return
         try:
             self._start_rounds()
         except Exception:  # a bug must not stop durability for everyone else
@@ -340,18 +343,21 @@ class GroupCommitFlusher:
             return
         per_log = seconds[1:]
         slowest = max(range(len(work)), key=per_log.__getitem__)
+        by_syncfs = not any(per_log)  # one syncfs did the round: no log's syncs of its own
         timing = FlushRound(round_s, sum(seconds), sum(len(t.fds) + len(t.dir_fds) for _, t in work),
-                            work[slowest][0].name, per_log[slowest])
+                            "" if by_syncfs else work[slowest][0].name, per_log[slowest])
         if self.on_round is not None:
             try:
                 self.on_round(timing)
             except Exception:
                 log.exception("flush round callback failed")
         if self.slow_round_s and round_s >= self.slow_round_s:
-            log.warning("fsync round took %.1f ms: the disk %.1f ms (round-wide calls %.1f ms, slowest log %s "
-                        "%.1f ms), %d files of %d logs; every acks=all answer it covers waited for it",
-                        round_s * 1000, timing.disk_s * 1000, seconds[0] * 1000, timing.slowest,
-                        timing.slowest_s * 1000, timing.files, len(work))
+            detail = (f"one syncfs for the round {seconds[0] * 1000:.1f} ms" if by_syncfs else
+                      f"writeback start {seconds[0] * 1000:.1f} ms, slowest log {timing.slowest} "
+                      f"{timing.slowest_s * 1000:.1f} ms")
+            log.warning("fsync round took %.1f ms: the disk %.1f ms (%s), %d files of %d logs; every acks=all "
+                        "answer it covers waited for it", round_s * 1000, timing.disk_s * 1000, detail,
+                        timing.files, len(work))
 
     def _wake(self, plog: PartitionLog) -> None:
         heap = self._waiters.get(plog)

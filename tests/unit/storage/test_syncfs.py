@@ -123,3 +123,33 @@ def test_syncfs_is_refused_at_start_before_linux_5_8(monkeypatch):
     assert Broker._use_syncfs(load_broker_config()) is False
     with pytest.raises(ConfigError, match="must be one of fdatasync, syncfs"):
         load_broker_config(overrides=["oncelog.fsync.method=fsync"])
+
+
+def test_a_slow_syncfs_round_is_logged_as_one_syncfs(open_log, append, tmp_path, monkeypatch, caplog):
+    import asyncio
+    import logging
+    import time
+
+    from oncelog.storage.flusher import GroupCommitFlusher
+
+    logs = [open_log(fsync=True), open_log(fsync=True, directory=tmp_path / "u-0")]
+    real_syncfs = syncfs._syncfs
+    monkeypatch.setattr(syncfs, "_syncfs", lambda fd: (time.sleep(0.03), real_syncfs(fd))[1])
+    rounds = []
+
+    async def main():
+        flusher = GroupCommitFlusher(fsync_enabled=True, use_syncfs=True, slow_round_ms=20, on_round=rounds.append)
+        for plog in logs:
+            plog.on_dirty = flusher.mark_dirty
+        flusher.start()
+        for plog in logs:
+            append(plog)
+        await asyncio.wait_for(asyncio.gather(*(flusher.wait_durable(plog, 1) for plog in logs)), 5)
+        await flusher.stop()
+
+    with caplog.at_level(logging.WARNING, logger="oncelog.storage.flusher"):
+        asyncio.run(main())
+    (timing,) = rounds
+    assert timing.disk_s >= 0.03 and timing.slowest == "" and timing.files >= 2
+    (line,) = [r.getMessage() for r in caplog.records if "fsync round took" in r.getMessage()]
+    assert "(one syncfs for the round " in line and "of 2 logs" in line, line
