@@ -20,29 +20,15 @@ syncfs did not report writeback errors at all: the method is refused there (`sup
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import platform
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+
+from .libc import libc_function
 
 MIN_KERNEL = (5, 8)  # syncfs reports writeback errors from here on (errseq on the superblock)
 
-
-def _load() -> Callable[[int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)  # releases the GIL per call
-        call = libc.syncfs
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = [ctypes.c_int]
-    call.restype = ctypes.c_int
-    return call
-
-
-_syncfs = _load()
+_syncfs = libc_function("syncfs", [ctypes.c_int])
 
 
 def kernel_version(release: str | None = None) -> tuple[int, int]:

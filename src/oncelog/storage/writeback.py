@@ -15,27 +15,13 @@ SYNC_FILE_RANGE_WAIT_AFTER would). Where the call does not exist (not Linux), no
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
+
+from .libc import libc_function
 
 SYNC_FILE_RANGE_WRITE = 2
 
-
-def _load() -> Callable[[int, int, int, int], int] | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)  # releases the GIL per call
-        call = libc.sync_file_range
-    except (OSError, AttributeError):
-        return None
-    call.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
-    call.restype = ctypes.c_int
-    return call
-
-
-_sync_file_range = _load()
+_sync_file_range = libc_function("sync_file_range", [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint])
 AVAILABLE = _sync_file_range is not None
 
 
