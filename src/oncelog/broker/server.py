@@ -387,7 +387,10 @@ class Broker:
     @staticmethod
     def _use_syncfs(config: BrokerConfig) -> bool:
         """oncelog.fsync.method=syncfs, refused at start where syncfs would not report an I/O error."""
-        if config["oncelog.fsync.method"] != "syncfs" or not config["oncelog.fsync.enable"]:
+        if config["oncelog.fsync.method"] != "syncfs":
+            return False
+        if not config["oncelog.fsync.enable"]:
+            log.warning("oncelog.fsync.method=syncfs has no effect: oncelog.fsync.enable=false, so nothing is synced")
             return False
         reason = syncfs_supported()
         if reason is not None:

@@ -4,6 +4,7 @@ file fdatasynced after all when it fails, and refused where syncfs would not rep
 from __future__ import annotations
 
 import errno
+import logging
 import os
 
 import pytest
@@ -112,14 +113,16 @@ def test_kernel_version(release, version):
     assert syncfs.kernel_version(release) == version
 
 
-def test_syncfs_is_refused_at_start_before_linux_5_8(monkeypatch):
+def test_syncfs_is_refused_at_start_before_linux_5_8(monkeypatch, caplog):
     config = load_broker_config(overrides=["oncelog.fsync.method=syncfs"])
     assert Broker._use_syncfs(config) is True
     monkeypatch.setattr(syncfs.platform, "release", lambda: "5.4.0-150-generic")
     with pytest.raises(ConfigError, match="only from Linux 5.8 on; this kernel is 5.4.0-150-generic"):
         Broker._use_syncfs(config)
-    assert Broker._use_syncfs(load_broker_config(overrides=["oncelog.fsync.method=syncfs",
-                                                            "oncelog.fsync.enable=false"])) is False
+    with caplog.at_level(logging.WARNING, logger="oncelog.broker"):
+        assert Broker._use_syncfs(load_broker_config(overrides=["oncelog.fsync.method=syncfs",
+                                                                "oncelog.fsync.enable=false"])) is False
+    assert any("oncelog.fsync.method=syncfs has no effect" in r.getMessage() for r in caplog.records)
     assert Broker._use_syncfs(load_broker_config()) is False
     with pytest.raises(ConfigError, match="must be one of fdatasync, syncfs"):
         load_broker_config(overrides=["oncelog.fsync.method=fsync"])
